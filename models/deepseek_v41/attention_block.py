@@ -1,0 +1,112 @@
+"""Attention of one layer in its mode (SWA, Full, Reindex, Reuse), spec 4.5, over the step's caches."""
+
+from __future__ import annotations
+
+from dsgraph.models.deepseek_v41.context import Forward, Tracer
+from dsgraph.models.deepseek_v41.layers_plan import LayerMode, LayerPlan
+from dsgraph.ops import op
+
+NEG_INF = float("-inf")
+
+
+def _step_args(f: Forward) -> tuple[Tracer, Tracer, Tracer, Tracer]:
+    s = f.step
+    return s["positions"], s["seq_ids"], s["seq_slot"], s["seq_start"]
+
+
+def _swa_kv(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
+    """The layer's K(=V) of this step: FP8-rounded rope(kv_norm(wkv u)), written to the layer's ring."""
+    p = f"layers.{plan.index}.attn."
+    kv = f.norm(f.linear(u, p + "wkv.weight", "f32"), p + "kv_norm.weight")
+    kv = op.act_qdq(f.rope(kv, f.step["positions"], plan.rope_theta, plan.use_yarn), fmt="fp8_g32")
+    entries = op.cache_encode(kv, fmt="fp8_g32")
+    s = f.step
+    name = f"swa.{plan.index}"
+    f.new_caches[name] = op.swa_write(f.caches[name], entries, s["positions"], s["seq_ids"], s["seq_slot"], s["seq_end"])
+    return kv
+
+
+def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
+    """A KV source: pool closed groups into latents; write compressed entries and index keys."""
+    p, t = f"layers.{plan.index}.attn.", f.text
+    positions, seq_ids, seq_slot, seq_start = _step_args(f)
+    u32 = f.cast(u, "f32")
+    wkv = f.w(p + "compressor.wkv.weight")
+    if plan.ratio == 2:
+        state = f.caches[f"comp.{plan.index}"]
+        wgate = f.w(p + "compressor.wgate.weight")
+        latent, closes, new_state = op.compress(u32, wkv, wgate, state, positions, seq_ids, seq_slot, seq_start, ratio=2)
+        f.new_caches[f"comp.{plan.index}"] = new_state
+    else:
+        latent, closes = op.compress(u32, wkv, positions, seq_ids, seq_slot, seq_start, ratio=plan.ratio)
+    latent = f.norm(latent, p + "compressor.norm.weight")
+    entry_ids = positions if plan.ratio == 1 else positions // plan.ratio
+    entry_pos = entry_ids * plan.ratio
+    ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)
+    key = f.norm(op.linear(latent, f.cast(f.w(p + "indexer.wk.weight"), "f32"), out_dtype="f32"), p + "indexer.k_norm.weight")
+    key = f.rope(key, entry_pos, plan.rope_theta, plan.use_yarn)
+    table = f.step[f"block_table_r{plan.ratio}"]
+    for name, value, fmt in ((f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt), (f"kidx.{plan.index}", key, "mxfp4_g32")):
+        entries = op.cache_encode(value, fmt=fmt)
+        f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, closes, seq_ids, table)
+
+
+def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
+    """An index layer: score visible entries of its KV source, restrict to candidates, take top-k."""
+    p, t = f"layers.{plan.index}.attn.indexer.", f.text
+    positions, seq_ids = f.step["positions"], f.step["seq_ids"]
+    q = op.reshape(f.linear(c, p + "wq_b.weight", "f32"), shape=("tokens", t.index_n_heads, t.index_head_dim))
+    q = op.act_qdq(f.rope(q, positions, plan.rope_theta, plan.use_yarn), fmt="mxfp4_g32")
+    w = f.linear(u, p + "weights_proj.weight", "f32", quantized_input=False)
+    if f.num.scale_index_weights:
+        w = w * float((t.index_head_dim * t.index_n_heads) ** -0.5)
+    keys = f.cache(f"kidx.{plan.kv_source}")
+    table = f.step[f"block_table_r{plan.ratio}"]
+    scores = op.index_scores(q, w, keys, table, positions, seq_ids, ratio=plan.ratio)
+    if plan.is_candidate_source:
+        f.candidates = op.candidate_mask(scores, block_size=t.candidate_block_size, topk_blocks=t.candidate_topk_blocks)
+    if plan.uses_candidates and f.candidates is not None:
+        scores = op.where(f.candidates, scores, NEG_INF)
+    f.topk[plan.index] = op.topk_select(scores, k=t.index_topk)
+
+
+def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:
+    """Inverse RoPE at the query position, grouped low-rank wo_a, then wo_b."""
+    p, t = f"layers.{plan.index}.attn.", f.text
+    o = f.rope(o, f.step["positions"], plan.rope_theta, plan.use_yarn, inverse=True)
+    per_group = t.num_attention_heads * t.head_dim // t.o_groups
+    grouped = op.reshape(o, shape=("tokens", t.o_groups, per_group))
+    name = p + "wo_a.weight"
+    scale = f.weights.get(p + "wo_a.scale")
+    if scale is None:
+        z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=f.num.act_dtype)
+    else:
+        z = op.grouped_linear(grouped, f.w(name), scale, weight_format="fp8_block32", act_quant=f.num.act_quant,
+                              out_dtype=f.num.act_dtype)
+    return f.linear(op.reshape(z, shape=("tokens", t.o_groups * t.o_lora_rank)), p + "wo_b.weight")
+
+
+def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
+    """`u` [T, H] is attn_norm(collapse(X)); returns the attention output [T, H]."""
+    p, t = f"layers.{plan.index}.attn.", f.text
+    positions, seq_ids, seq_slot, seq_start = _step_args(f)
+    c = f.norm(f.linear(u, p + "wq_a.weight"), p + "q_norm.weight")
+    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=("tokens", t.num_attention_heads, t.head_dim))
+    q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
+    ring = f.caches[f"swa.{plan.index}"]  # the ring before this step's write
+    kv = _swa_kv(f, plan, u)
+    if plan.mode is LayerMode.FULL:
+        _compress(f, plan, u)
+    if plan.mode in (LayerMode.FULL, LayerMode.REINDEX):
+        _select(f, plan, u, c)
+    sink = f.w(p + "attn_sink")
+    common = dict(window=t.sliding_window, softmax_scale=float(t.head_dim ** -0.5))
+    kv = f.cast(kv, q.dtype)
+    if plan.mode is LayerMode.SWA:
+        o = op.attention(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, **common)
+    else:
+        pool = f.cache(f"ckv.{plan.kv_source}")
+        table = f.step[f"block_table_r{plan.ratio}"]
+        topk = f.topk[plan.topk_source]
+        o = op.attention(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, pool, table, topk, **common)
+    return _output(f, plan, o)

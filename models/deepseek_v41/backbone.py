@@ -1,0 +1,63 @@
+"""The V4.1 backbone as one traced step: embedding, Engram, 40 blocks with single-pass mHC, head.
+
+`forward(f)` reads the step inputs, caches and weights held by the `Forward` and returns the logits of
+the rows in `sample_rows` plus every updated cache. One graph serves prefill chunks and decode steps.
+"""
+
+from __future__ import annotations
+
+from dsgraph.models.deepseek_v41.attention_block import attention
+from dsgraph.models.deepseek_v41.context import Forward, Tracer
+from dsgraph.models.deepseek_v41.engram_hash import EngramLayerHash
+from dsgraph.models.deepseek_v41.ffn_block import engram, moe
+from dsgraph.models.deepseek_v41.layers_plan import LayerPlan
+from dsgraph.ops import op
+
+
+def _hc(f: Forward, x: Tracer, p: str) -> tuple[Tracer, Tracer, Tracer]:
+    t = f.text
+    return op.hc_pre(
+        x, f.w(p + "_fn"), f.w(p + "_base"), f.w(p + "_scale"),
+        sinkhorn_iters=t.hc_sinkhorn_iters, eps=float(t.hc_eps), norm_eps=float(t.rms_norm_eps),
+    )
+
+
+def _collapse(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
+    if a is None:  # the one-hot start: stream 0
+        return op.reshape(op.slice(x, axis=1, start=0, stop=1), shape=("tokens", f.text.hidden_size))
+    return op.hc_collapse(x, a, out_dtype=f.num.act_dtype)
+
+
+def block(f: Forward, plan: LayerPlan, x: Tracer, a: Tracer | None, table: EngramLayerHash | None) -> tuple[Tracer, Tracer]:
+    """Spec 4.2: x [T, n, H] streams, `a` the pre-mix handed over by the previous sublayer."""
+    p = f"layers.{plan.index}."
+    if table is not None:
+        x = engram(f, plan.index, table, x)
+    pre_a, post_a, comb_a = _hc(f, x, p + "hc_attn")
+    u = f.norm(_collapse(f, x, a), p + "attn_norm.weight")
+    x = op.hc_expand(attention(f, plan, u), x, post_a, comb_a)
+    pre_f, post_f, comb_f = _hc(f, x, p + "hc_ffn")
+    u = f.norm(op.hc_collapse(x, pre_a, out_dtype=f.num.act_dtype), p + "ffn_norm.weight")
+    x = op.hc_expand(moe(f, plan.index, u), x, post_f, comb_f)
+    return x, pre_f
+
+
+def embed(f: Forward) -> Tracer:
+    t = f.text
+    e = f.cast(op.gather_rows(f.w("embed.weight"), f.step["token_ids"]), f.num.act_dtype)
+    e = op.reshape(e, shape=("tokens", 1, t.hidden_size))
+    return op.broadcast_to(e, shape=("tokens", t.hc_mult, t.hidden_size))
+
+
+def head(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
+    h = f.norm(_collapse(f, x, a), "norm.weight")
+    rows = op.gather_rows(h, f.step["sample_rows"])
+    w = f.w("head.weight")
+    return op.linear(f.cast(rows, w.dtype), w, out_dtype="f32")
+
+
+def forward(f: Forward, plans: tuple[LayerPlan, ...], tables: dict[int, EngramLayerHash]) -> dict[str, Tracer]:
+    x, a = embed(f), None
+    for plan in plans:
+        x, a = block(f, plan, x, a, tables.get(plan.index))
+    return {"logits": head(f, x, a), "caches": dict(f.new_caches)}

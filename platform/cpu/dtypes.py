@@ -1,0 +1,29 @@
+"""IR dtype names <-> torch dtypes."""
+
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "f32": torch.float32,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "f8e4m3": torch.float8_e4m3fn,
+    "e8m0": torch.float8_e8m0fnu,
+    "u8": torch.uint8,
+    "i8": torch.int8,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "bool": torch.bool,
+}
+IR_DTYPES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def to_torch(dtype: str) -> torch.dtype:
+    return TORCH_DTYPES[dtype]
+
+
+def to_ir(dtype: torch.dtype) -> str:
+    if dtype not in IR_DTYPES:
+        raise TypeError(f"torch dtype {dtype} has no IR dtype; known: {sorted(TORCH_DTYPES)}")
+    return IR_DTYPES[dtype]

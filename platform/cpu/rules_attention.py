@@ -1,0 +1,153 @@
+"""Reference meaning of index_scores, candidate_mask, topk_select and attention (dsgraph.ops.attention).
+
+Every row is computed on its own (batched matmuls over rows, one small GEMM per row), so a sequence
+gives bit-identical results however its rows are split into steps, as long as the cache contents agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dsgraph.platform.cpu.cache_format import fp8_g32_decode, mxfp4_g32_decode, nvfp4_g16_decode
+from dsgraph.platform.cpu.step_rows import locate_entries, per_row, real_rows, require_in_range
+
+NEG_INF = float("-inf")
+
+
+def _sequence_entries(block_table: Tensor, pool: Tensor, seq: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """Every entry slot of each row's sequence: (entries [T, nb*bs, B] u8, allocated [T, nb*bs] bool)."""
+    num_blocks, block_size = pool.shape[0], pool.shape[1]
+    if block_table.shape[0] == 0:
+        block_table = block_table.new_full((1, block_table.shape[1]), -1)
+    blocks = block_table.long()[seq]  # [T, nb]
+    allocated = real.unsqueeze(1) & (blocks >= 0)
+    bad = allocated & (blocks >= num_blocks)
+    if bool(bad.any()):
+        t, column = (int(i) for i in bad.nonzero()[0])
+        raise IndexError(
+            f"index_scores: row {t} (sequence {int(seq[t])}) has block_table[{int(seq[t])}, {column}] = "
+            f"{int(blocks[t, column])}, past the pool of {num_blocks} blocks"
+        )
+    entries = pool[torch.where(allocated, blocks, 0)]  # [T, nb, bs, B]
+    return entries.flatten(1, 2), allocated.repeat_interleave(block_size, dim=1)
+
+
+def index_scores(
+    p: Any, q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, positions: Tensor, seq_ids: Tensor
+) -> Tensor:
+    real, seq = real_rows("index_scores", seq_ids, block_table.shape[0])
+    entries, allocated = _sequence_entries(block_table, keys, seq, real)
+    k = mxfp4_g32_decode(entries)  # [T, E, id]
+    dots = torch.bmm(q.float(), k.transpose(1, 2))  # [T, ih, E]
+    scores = (dots.relu() * w.float().unsqueeze(-1)).sum(dim=1)
+    entry = torch.arange(scores.shape[1])
+    visible = allocated & (entry.unsqueeze(0) < (positions.long().unsqueeze(1) + 1) // p.ratio)
+    return torch.where(visible, scores, NEG_INF)
+
+
+def _descending_order(scores: Tensor) -> Tensor:
+    """Indices ordering each row by descending score; equal scores keep ascending index order."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices
+
+
+def candidate_mask(p: Any, scores: Tensor) -> Tensor:
+    rows, width = scores.shape
+    visible = scores > NEG_INF
+    num_blocks = -(-width // p.block_size)
+    padded = F.pad(scores, (0, num_blocks * p.block_size - width), value=NEG_INF)
+    block_scores = padded.unflatten(1, (num_blocks, p.block_size)).amax(dim=-1)
+    entry = torch.arange(width)
+    newest = torch.where(visible, entry, -1).amax(dim=1) if width else torch.full((rows,), -1)
+    newest_block = torch.div(newest, p.block_size, rounding_mode="floor")
+    forced = (torch.arange(num_blocks).unsqueeze(0) == newest_block.unsqueeze(1)) & (newest >= 0).unsqueeze(1)
+    block_scores = torch.where(forced, float("inf"), block_scores)
+    best = _descending_order(block_scores)[:, : p.topk_blocks]
+    keep = torch.zeros(rows, num_blocks, dtype=torch.bool)
+    keep.scatter_(1, best, block_scores.gather(1, best) > NEG_INF)
+    return keep.repeat_interleave(p.block_size, dim=1)[:, :width] & visible
+
+
+def topk_select(p: Any, scores: Tensor) -> Tensor:
+    rows, width = scores.shape
+    best = _descending_order(scores)[:, : p.k]
+    chosen = scores.gather(1, best) > NEG_INF
+    # Absent slots sort after every entry index, then become -1.
+    ordered = torch.where(chosen, best, width).sort(dim=1).values
+    ordered = torch.where(ordered < width, ordered, -1).to(torch.int32)
+    return F.pad(ordered, (0, p.k - ordered.shape[1]), value=-1)
+
+
+def _swa_keys(
+    kv: Tensor, ring: Tensor, positions: Tensor, seq: Tensor, real: Tensor, start: Tensor, slot: Tensor, window: int
+) -> tuple[Tensor, Tensor]:
+    """SWA keys of every row: (keys [T, window, hd] f32, valid [T, window] bool), oldest position first.
+
+    Position pos = p - window + 1 + j comes from kv row t - (p - pos) when pos >= seq_start (this chunk),
+    else from the ring entry ring[slot, pos % R] written by an earlier step.
+    """
+    rows = positions.shape[0]
+    back = torch.arange(window - 1, -1, -1)  # distance from the query position, oldest first
+    pos = positions.long().unsqueeze(1) - back  # [T, window]
+    valid = real.unsqueeze(1) & (pos >= 0)
+    in_chunk = pos >= start.unsqueeze(1)
+    chunk_row = (torch.arange(rows).unsqueeze(1) - back).clamp(0, max(rows - 1, 0))
+    wrong = valid & in_chunk & ((positions.long()[chunk_row] != pos) | (seq[chunk_row] != seq.unsqueeze(1)))
+    if bool(wrong.any()):
+        t, j = (int(i) for i in wrong.nonzero()[0])
+        raise ValueError(
+            f"attention: row {t} needs position {int(pos[t, j])} of its chunk (seq_start {int(start[t])}) at row "
+            f"{t - window + 1 + j}, which holds another position or sequence; rows must be contiguous"
+        )
+    from_chunk = kv.float()[chunk_row] if rows else kv.float().new_zeros(0, window, kv.shape[1])
+    from_ring = fp8_g32_decode(ring[slot.unsqueeze(1), torch.remainder(pos, ring.shape[1])])
+    keys = torch.where(in_chunk.unsqueeze(-1), from_chunk, from_ring)
+    return torch.where(valid.unsqueeze(-1), keys, 0.0), valid
+
+
+def _compressed_keys(
+    pool: Tensor, block_table: Tensor, topk: Tensor, seq: Tensor, real: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Selected compressed entries of every row: (keys [T, K, hd] f32, valid [T, K] bool)."""
+    num_blocks, block_size = pool.shape[0], pool.shape[1]
+    valid = real.unsqueeze(1) & (topk >= 0)
+    row, column = valid.nonzero(as_tuple=True)
+    entry = topk.long()[row, column]
+    block = locate_entries("attention", block_table, seq[row], entry, row, block_size, num_blocks)
+    keys = torch.zeros(*topk.shape, pool.shape[2], dtype=torch.uint8)
+    keys[row, column] = pool[block, entry % block_size]
+    return torch.where(valid.unsqueeze(-1), nvfp4_g16_decode(keys), 0.0), valid
+
+
+def _sink_softmax(logits: Tensor, valid: Tensor, sink: Tensor) -> Tensor:
+    """P [T, nh, N]: softmax over the valid keys with exp(sink_h) as one more term of the denominator."""
+    masked = torch.where(valid.unsqueeze(1), logits, NEG_INF)
+    sink_column = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
+    return torch.cat((masked, sink_column), dim=-1).softmax(dim=-1)[..., :-1]
+
+
+def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor) -> Tensor:
+    positions, seq_ids, seq_slot, seq_start = operands[:4]
+    real, seq = real_rows("attention", seq_ids, seq_slot.shape[0])
+    require_in_range("attention", per_row(seq_slot, seq, real), ring.shape[0], "ring slot of row", active=real)
+    start, slot = per_row(seq_start, seq, real), per_row(seq_slot, seq, real)
+    keys, valid = _swa_keys(kv, ring, positions, seq, real, start, slot, p.window)
+    if len(operands) == 7:
+        pool, block_table, topk = operands[4:]
+        extra_keys, extra_valid = _compressed_keys(pool, block_table, topk, seq, real)
+        keys, valid = torch.cat((keys, extra_keys), dim=1), torch.cat((valid, extra_valid), dim=1)
+    logits = torch.bmm(q.float(), keys.transpose(1, 2)) * p.softmax_scale  # [T, nh, N]
+    probs = _sink_softmax(logits, valid, sink)
+    out = torch.bmm(probs, keys)  # [T, nh, hd]
+    return torch.where(real.view(-1, 1, 1), out, 0.0).to(q.dtype)
+
+
+RULES: dict[str, Any] = {
+    "index_scores": index_scores,
+    "candidate_mask": candidate_mask,
+    "topk_select": topk_select,
+    "attention": attention,
+}

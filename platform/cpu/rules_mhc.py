@@ -1,0 +1,49 @@
+"""Reference meaning of hc_pre, hc_collapse and hc_expand, in torch (spec model-v41 4.4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dsgraph.platform.cpu.dtypes import to_torch
+
+
+def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
+    """[..., n, n] logits -> a near doubly-stochastic matrix: row softmax (+eps), then alternate
+    column and row normalisation (each sum + eps in the denominator), `iters` column steps in all."""
+    comb = torch.softmax(logits, dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    n = x.shape[1]
+    flat = x.float().flatten(1)  # [tokens, n*H], stream-major
+    # Projection first, then the per-token RMS factor: the released kernel's order.
+    mix = F.linear(flat, fn) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + p.norm_eps)
+    scales = torch.cat((scale[0].expand(n), scale[1].expand(n), scale[2].expand(n * n)))
+    # base + mix * scales as one fused multiply-add, as the released kernel rounds it.
+    z = torch.addcmul(base, mix, scales)
+    pre = torch.sigmoid(z[:, :n]) + p.eps
+    post = 2 * torch.sigmoid(z[:, n : 2 * n])
+    comb = sinkhorn(z[:, 2 * n :].unflatten(-1, (n, n)), p.sinkhorn_iters, p.eps)
+    return pre, post, comb
+
+
+def hc_collapse(p: Any, x: Tensor, a: Tensor) -> Tensor:
+    return (a.unsqueeze(-1) * x.float()).sum(1).to(to_torch(p.out_dtype))
+
+
+def hc_expand(_p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    update = post.unsqueeze(-1) * y.float().unsqueeze(1)  # [tokens, n_out, H]
+    mixed = (comb.unsqueeze(-1) * x.float().unsqueeze(2)).sum(1)  # sum over input streams i of comb[i, j] x_i
+    return (update + mixed).to(x.dtype)
+
+
+RULES: dict[str, Any] = {"hc_pre": hc_pre, "hc_collapse": hc_collapse, "hc_expand": hc_expand}

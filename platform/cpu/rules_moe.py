@@ -1,0 +1,88 @@
+"""Reference meaning of the MoE ops (dsgraph.ops.moe), in torch (spec model-v41 4.6).
+
+Router and expert math is f32. The expert loop visits only the experts some row selected, in
+increasing id order, and dequantizes one expert's weights at a time (tiny shapes are the goal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp8_g32_qdq
+
+Tensor = torch.Tensor
+
+# NeMo's (and DeepInfer's) guard in the renormalisation of the selected scores.
+_RENORM_EPS = 1e-20
+
+
+def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    scores = torch.sqrt(F.softplus(F.linear(u.float(), gate_w.float())))
+    biased = scores + bias
+    # A stable descending sort keeps equal scores in id order: ties go to the lowest expert id.
+    ids = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, : p.topk]
+    chosen = scores.gather(1, ids)
+    weights = chosen / (chosen.sum(dim=-1, keepdim=True) + _RENORM_EPS) * p.routed_scaling
+    return weights, ids.to(torch.int32)
+
+
+def swiglu_f32(g: Tensor, v: Tensor, limit: float) -> Tensor:
+    """silu(min(g, limit)) * clamp(v, -limit, limit) in f32 (the clamp is one-sided on the gate)."""
+    return F.silu(g.float().clamp(max=limit)) * v.float().clamp(min=-limit, max=limit)
+
+
+def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
+    return swiglu_f32(g, v, p.limit).to(to_torch(p.out_dtype))
+
+
+def _check_ids(ids: Tensor, num_experts: int) -> None:
+    bad = ids >= num_experts
+    if bool(bad.any()):
+        row, slot = (int(i) for i in bad.nonzero()[0])
+        raise IndexError(
+            f"moe_experts: ids[{row}, {slot}] = {int(ids[row, slot])} is outside [0, {num_experts}) "
+            "(negative ids mark padding)"
+        )
+
+
+def _expert_weights(p: Any, e: int, ws: tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
+    """(w1 [I, H], w3 [I, H], w2 [H, I]) of expert e in f32."""
+    if p.weight_format == "dense":
+        return ws[0][e].float(), ws[1][e].float(), ws[2][e].float()
+    w1, w3, w2, s1, s3, s2 = ws
+    return (
+        fp4_rows_dequantize(w1[e], s1[e]),
+        fp4_rows_dequantize(w3[e], s3[e]),
+        fp4_rows_dequantize(w2[e], s2[e]),
+    )
+
+
+def _gemm_input(p: Any, a: Tensor, dtype: torch.dtype) -> Tensor:
+    """The activation as the GEMM reads it: FP8-qdq'd (DeepInfer) or rounded to the activation dtype."""
+    if p.act_quant == "fp8_g32":
+        return fp8_g32_qdq(a.float())
+    return a.to(dtype).float()
+
+
+def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) -> Tensor:
+    _check_ids(ids, ws[0].shape[0])
+    xin = _gemm_input(p, x, x.dtype)
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        rows, slots = torch.nonzero(ids == e, as_tuple=True)
+        w1, w3, w2 = _expert_weights(p, e, ws)
+        h = xin[rows]
+        act = swiglu_f32(F.linear(h, w1), F.linear(h, w3), p.swiglu_limit) * weights[rows, slots, None]
+        out.index_add_(0, rows, F.linear(_gemm_input(p, act, x.dtype), w2))
+    return out.to(to_torch(p.out_dtype))
+
+
+RULES: dict[str, Any] = {
+    "moe_route": moe_route,
+    "moe_experts": moe_experts,
+    "swiglu": swiglu,
+}

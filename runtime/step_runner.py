@@ -1,0 +1,97 @@
+"""A minimal step driver over the cpu platform: cache memory, per-request slots and pages, and the
+step inputs of the flat-batch layout. Tests and the oracle comparisons use it; the C++ scheduler of
+the runtime issue plans steps the same way and replaces the Python bookkeeping here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dsgraph.graph import Graph
+from dsgraph.graph.types import TensorType
+from dsgraph.models.deepseek_v41.model import V41Model, trace_step
+from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cpu.interpret import run_graph
+
+
+@dataclass
+class Request:
+    slot: int
+    tokens: list[int] = field(default_factory=list)  # tokens already in the caches
+    pages: dict[int, list[int]] = field(default_factory=dict)  # ratio -> physical pages
+
+
+def _zeros(ttype: TensorType, sizes: Mapping[str, int]) -> torch.Tensor:
+    shape = [sizes[d] if isinstance(d, str) else d for d in ttype.shape]
+    return torch.zeros(shape, dtype=to_torch(ttype.dtype))
+
+
+class StepRunner:
+    """Runs the traced step graph of one model on the cpu platform, carrying caches between steps."""
+
+    def __init__(self, model: V41Model, weights: Mapping[str, torch.Tensor], *, num_slots: int = 8, num_pages: int = 64):
+        from dsgraph.models.deepseek_v41.weights import weight_types
+
+        self.model = model
+        self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+        self.graph: Graph = trace_step(model, weight_types(self.weights))
+        sizes = {"slots": num_slots, **{f"blocks{r}": num_pages for r in ratios(model.plans)}}
+        self.caches = {name: _zeros(t, sizes) for name, t in model.cache_types().items()}
+        self.free_slots = list(range(num_slots))
+        self.free_pages = {r: list(range(num_pages)) for r in ratios(model.plans)}
+        self.requests: dict[int, Request] = {}
+        self.steps = 0
+
+    def add(self, rid: int) -> None:
+        self.requests[rid] = Request(self.free_slots.pop(0))
+
+    def _pages(self, req: Request, end: int) -> dict[int, list[int]]:
+        page = self.model.geo.page_size
+        for r in ratios(self.model.plans):
+            need = -(-(end // r) // page)
+            owned = req.pages.setdefault(r, [])
+            while len(owned) < need:
+                owned.append(self.free_pages[r].pop(0))
+        return req.pages
+
+    def step_inputs(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> dict[str, torch.Tensor]:
+        geo, m = self.model.geo, self.model.cfg.text.engram_max_ngram_size - 1
+        cols: dict[str, list] = {k: [] for k in ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")}
+        tables: dict[int, list[list[int]]] = {r: [] for r in ratios(self.model.plans)}
+        for s, (rid, new) in enumerate(chunks):
+            req = self.requests[rid]
+            start = len(req.tokens)
+            cols["token_ids"] += list(new)
+            cols["positions"] += range(start, start + len(new))
+            cols["seq_ids"] += [s] * len(new)
+            cols["seq_slot"].append(req.slot)
+            cols["seq_start"].append(start)
+            cols["seq_end"].append(start + len(new))
+            cols["lookback"].append([req.tokens[-1 - i] if i < start else -1 for i in range(m)])
+            for r, pages in self._pages(req, start + len(new)).items():
+                width = geo.pages_per_seq(r)
+                tables[r].append(pages + [-1] * (width - len(pages)))
+        out = {k: torch.tensor(v, dtype=torch.int32) for k, v in cols.items()}
+        for r, rows in tables.items():
+            out[f"block_table_r{r}"] = torch.tensor(rows, dtype=torch.int32)
+        out["sample_rows"] = torch.arange(len(cols["token_ids"]), dtype=torch.int32)
+        return out
+
+    def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
+        """Run one step over (request id, new token ids) chunks; returns each chunk's logits [len, V]."""
+        step = self.step_inputs(chunks)
+        args = {**{f"weights.{k}": v for k, v in self.weights.items()},
+                **{f"caches.{k}": v for k, v in self.caches.items()},
+                **{f"step.{k}": v for k, v in step.items()}}
+        out = run_graph(self.graph, args)
+        for name in self.caches:
+            if f"caches.{name}" in out:
+                self.caches[name] = out[f"caches.{name}"]
+        for rid, new in chunks:
+            self.requests[rid].tokens += list(new)
+        self.steps += 1
+        return list(torch.split(out["logits"], [len(new) for _, new in chunks]))

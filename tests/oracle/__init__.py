@@ -1,0 +1,1 @@
+"""Oracle tests: the model against independent references (NeMo for V4.1), and the harness."""
