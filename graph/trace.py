@@ -13,7 +13,7 @@ from typing import Any
 from dsgraph.graph import pytree
 from dsgraph.graph.ir import Atom, Eqn, Graph, Lit, Var
 from dsgraph.graph.op import OpDef, ShapeError, get_op
-from dsgraph.graph.types import TensorType
+from dsgraph.graph.types import FLOAT_DTYPES, INT_DTYPES, TensorType
 
 _GRAPH_DIR = os.path.dirname(os.path.abspath(__file__))
 _OPS_DIR = os.path.join(os.path.dirname(_GRAPH_DIR), "ops")
@@ -112,14 +112,22 @@ def _user_source() -> str:
     return ""
 
 
-def _to_atom(value: Any, state: _TraceState, like: str | None) -> Atom:
+def _literal_dtype(value: bool | int | float, tracers: list[Tracer]) -> str:
+    """A scalar takes the dtype of the first operand of its kind (float, int, bool), like JAX's weak types."""
+    kinds = {bool: ("bool",), int: tuple(INT_DTYPES), float: tuple(FLOAT_DTYPES)}[type(value)]
+    same_kind = [t.dtype for t in tracers if t.dtype in kinds]
+    if same_kind:
+        return same_kind[0]
+    return {bool: "bool", int: "i32", float: "f32"}[type(value)]
+
+
+def _to_atom(value: Any, state: _TraceState, tracers: list[Tracer]) -> Atom:
     if isinstance(value, Tracer):
         if value._state is not state:
             raise ShapeError(f"value {value!r} belongs to another trace")
         return value.var
     if isinstance(value, (bool, int, float)):
-        dtype = like or ("f32" if isinstance(value, float) else "i32")
-        return Lit(value, TensorType((), dtype))
+        return Lit(value, TensorType((), _literal_dtype(value, tracers)))
     raise ShapeError(f"operand {value!r} of type {type(value).__name__} is neither a traced value nor a scalar")
 
 
@@ -128,8 +136,8 @@ def bind(op: OpDef, args: tuple[Any, ...], p: Any) -> Any:
     state = _CURRENT.get()
     if state is None:
         raise RuntimeError(f"op {op.name} called outside make_graph (ops only build graphs)")
-    like = next((a.dtype for a in args if isinstance(a, Tracer)), None)
-    atoms = tuple(_to_atom(a, state, like) for a in args)
+    tracers = [a for a in args if isinstance(a, Tracer)]
+    atoms = tuple(_to_atom(a, state, tracers) for a in args)
     source = _user_source()
     try:
         out_types = op.infer(p, tuple(a.type for a in atoms))
@@ -172,7 +180,7 @@ def make_graph(fn: Callable[..., Any], *input_types: Any, name: str | None = Non
         args = pytree.unflatten_like(tree, _is_type_leaf, tracers)
         result = fn(*args.values())
         out_leaves = pytree.flatten(result, _is_out_leaf)
-        outputs = tuple(_to_atom(v, state, None) for _, v in out_leaves)
+        outputs = tuple(_to_atom(v, state, []) for _, v in out_leaves)
     finally:
         _CURRENT.reset(token)
     return Graph(

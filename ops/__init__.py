@@ -1,10 +1,7 @@
 """The closed op set. Importing this package declares every op (see `dsgraph.graph.op.all_ops`)."""
 
 from dsgraph.graph.op import OpDef, get_op
-from dsgraph.ops import core, nn, shape
-from dsgraph.ops import mhc, quant, rope  # noqa: F401  (group A1)
-from dsgraph.ops import engram, moe  # noqa: F401  (group A2)
-from dsgraph.ops import attention, cache  # noqa: F401  (group B)
+from dsgraph.ops import attention, cache, core, engram, mhc, moe, nn, quant, rope, shape  # noqa: F401  (group A1)  # noqa: F401  (group A2)  # noqa: F401  (group B)
 
 __all__ = ["core", "nn", "op", "shape"]
 

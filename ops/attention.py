@@ -14,8 +14,14 @@ from dsgraph.ops.cache import ACTIVATION_DTYPES, require_index, require_pool, re
 from dsgraph.ops.quant import check_width, entry_bytes
 
 __all__ = [
-    "AttentionParams", "CandidateParams", "IndexScoresParams", "TopkParams", "attention", "candidate_mask",
-    "index_scores", "topk_select",
+    "AttentionParams",
+    "CandidateParams",
+    "IndexScoresParams",
+    "TopkParams",
+    "attention",
+    "candidate_mask",
+    "index_scores",
+    "topk_select",
 ]
 
 
@@ -54,7 +60,8 @@ def _index_scores_rule(p: IndexScoresParams, ts: tuple[TensorType, ...]) -> tupl
     num_blocks, block_size = block_table.shape[1], keys.shape[1]
     if not isinstance(num_blocks, int) or not isinstance(block_size, int):
         raise ShapeError(
-            f"entries per sequence nb*bs needs concrete dims, got nb={num_blocks} (block_table {block_table}) "
+            f"entries per sequence nb*bs need concrete dims, got nb={num_blocks} "
+            f"(block_table {block_table}) "
             f"and bs={block_size} (keys {keys})"
         )
     return (TensorType((rows, num_blocks * block_size), "f32"),)
@@ -94,7 +101,8 @@ candidate_mask = declare_op(
     CandidateParams,
     _candidate_rule,
     "`scores [tokens, E] f32` -> `mask [tokens, E] bool`: the hierarchical candidate pool (spec 4.5). Entry "
-    "axis split into blocks of block_size (a last partial block is padded with -inf); block score = max of its "
+    "axis split into blocks of block_size (a last partial block is padded with -inf); block score = max of "
+    "its "
     "entries; the block holding the newest visible entry (largest index with a score > -inf) is forced to "
     "+inf; the topk_blocks best blocks whose score is > -inf are kept (ties: lowest block index); mask = "
     "visible entries (score > -inf) of kept blocks. A row with no visible entry gives an all-False row.",

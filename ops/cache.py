@@ -16,7 +16,13 @@ from dsgraph.graph.types import Dim, TensorType
 from dsgraph.ops import rules as R
 
 __all__ = [
-    "CompressParams", "compress", "paged_write", "require_index", "require_pool", "require_seq_vectors", "swa_write",
+    "CompressParams",
+    "compress",
+    "paged_write",
+    "require_index",
+    "require_pool",
+    "require_seq_vectors",
+    "swa_write",
 ]
 
 ACTIVATION_DTYPES = ("f32", "bf16", "f16")
@@ -145,7 +151,8 @@ compress = declare_op(
     "latent_t = wkv . u_t, closes = real rows. "
     "ratio 2: `u, wkv, wgate [D, H] float, state [slots, 2, D] f32, positions, seq_ids, seq_slot, seq_start` "
     "-> `(latent, closes, state' [slots, 2, D] f32)`: group g = positions {2g, 2g+1}; a real row at odd p "
-    "closes group (p-1)/2 with latent = sum over its two tokens of softmax_over_tokens(wgate . u) * (wkv . u) "
+    "closes group (p-1)/2 with latent = sum over its two tokens of softmax_over_tokens(wgate . u) * "
+    "(wkv . u) "
     "per channel, the first token's projections coming from the previous row of the chunk or, when "
     "p == seq_start, from state[seq_slot] ([0] = wkv . u, [1] = wgate . u). state' stores the projections of "
     "a sequence's last row when its position is even (the group stays open); other slots are unchanged. "

@@ -33,12 +33,16 @@ def _zeros(ttype: TensorType, sizes: Mapping[str, int]) -> torch.Tensor:
 class StepRunner:
     """Runs the traced step graph of one model on the cpu platform, carrying caches between steps."""
 
-    def __init__(self, model: V41Model, weights: Mapping[str, torch.Tensor], *, num_slots: int = 8, num_pages: int = 64):
+    def __init__(
+        self, model: V41Model, weights: Mapping[str, torch.Tensor], *, num_slots: int = 8, num_pages: int = 64,
+        debug: bool = False,
+    ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
 
         self.model = model
         self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-        self.graph: Graph = trace_step(model, weight_types(self.weights))
+        self.graph: Graph = trace_step(model, weight_types(self.weights), debug=debug)
+        self.last_debug: dict[str, torch.Tensor] = {}
         sizes = {"slots": num_slots, **{f"blocks{r}": num_pages for r in ratios(model.plans)}}
         self.caches = {name: _zeros(t, sizes) for name, t in model.cache_types().items()}
         self.free_slots = list(range(num_slots))
@@ -91,6 +95,7 @@ class StepRunner:
         for name in self.caches:
             if f"caches.{name}" in out:
                 self.caches[name] = out[f"caches.{name}"]
+        self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
         for rid, new in chunks:
             self.requests[rid].tokens += list(new)
         self.steps += 1

@@ -63,11 +63,14 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     keys = f.cache(f"kidx.{plan.kv_source}")
     table = f.step[f"block_table_r{plan.ratio}"]
     scores = op.index_scores(q, w, keys, table, positions, seq_ids, ratio=plan.ratio)
+    f.record(f"index_scores.{plan.index}", scores)
     if plan.is_candidate_source:
         f.candidates = op.candidate_mask(scores, block_size=t.candidate_block_size, topk_blocks=t.candidate_topk_blocks)
+        f.record(f"candidates.{plan.index}", f.candidates)
     if plan.uses_candidates and f.candidates is not None:
         scores = op.where(f.candidates, scores, NEG_INF)
     f.topk[plan.index] = op.topk_select(scores, k=t.index_topk)
+    f.record(f"topk.{plan.index}", f.topk[plan.index])
 
 
 def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:

@@ -60,4 +60,7 @@ def forward(f: Forward, plans: tuple[LayerPlan, ...], tables: dict[int, EngramLa
     x, a = embed(f), None
     for plan in plans:
         x, a = block(f, plan, x, a, tables.get(plan.index))
-    return {"logits": head(f, x, a), "caches": dict(f.new_caches)}
+    out = {"logits": head(f, x, a), "caches": dict(f.new_caches)}
+    if f.debug is not None:
+        out["debug"] = dict(f.debug)
+    return out

@@ -21,10 +21,17 @@ class Forward:
     step: dict[str, Tracer]
     caches: dict[str, Tracer]
     engram_pad_id: int = -1  # normalised id of engram_pad_token_id (from the tokenizer's map)
+    # Text only for now: image positions (Engram blocking, `bias_vl` routing) come with the multimodal
+    # step input; like NeMo, a raw image token id inside a text prompt is treated as text.
     image_token_id: int = -1
     new_caches: dict[str, Tracer] = field(default_factory=dict)
     topk: dict[int, Tracer] = field(default_factory=dict)  # index layer -> its selection [T, k]
     candidates: Tracer | None = None  # candidate-source mask [T, E] of the ratio-1 source
+    debug: dict[str, Tracer] | None = None  # extra outputs for tests and dumps (`trace_step(debug=True)`)
+
+    def record(self, name: str, value: Tracer) -> None:
+        if self.debug is not None:
+            self.debug[name] = value
 
     def w(self, name: str) -> Tracer:
         return self.weights[name]

@@ -38,11 +38,11 @@ def engram(f: Forward, layer: int, table: EngramLayerHash, x: Tracer) -> Tracer:
     rows = op.engram_hash(
         s["token_ids"], s["positions"], s["seq_ids"], s["seq_start"], s["lookback"], f.w("engram.token_map"),
         primes=table.primes, offsets=table.offsets, multipliers=table.multipliers, pad_id=f.engram_pad_id,
-        max_ngram=t.engram_max_ngram_size,
+        max_ngram=t.engram_max_ngram_size, image_token_id=f.image_token_id,
     )
     e = op.gather_dequant_rows(f.w(p + "embed.weight"), f.w(p + "embed.scale"), rows, out_dtype=f.num.act_dtype)
     j = rows.shape[1]
     e = op.reshape(e, shape=("tokens", j * t.engram_head_dim))
-    kv = f.linear(e, p + "wkv.weight", "f32")
+    kv = f.linear(e, p + "wkv.weight", "f32", quantized_input=False)  # the rows are FP8 already
     return op.engram_gate(x, kv, f.w(p + "q_weight"), f.w(p + "k_weight"), s["token_ids"],
                           eps=float(t.rms_norm_eps), image_token_id=f.image_token_id)

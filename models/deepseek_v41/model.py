@@ -37,13 +37,15 @@ def build_model(cfg: ModelConfig, token_map: list[int], num: Numerics, geo: Cach
     return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, token_map[cfg.text.engram_pad_token_id])
 
 
-def trace_step(model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step") -> Graph:
-    """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`."""
+def trace_step(model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step", debug: bool = False) -> Graph:
+    """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`
+    (with `debug`, also `debug.index_scores.{layer}` [T, E] and `debug.topk.{layer}` [T, k])."""
 
     def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(
             model.cfg.text, model.num, weights, step, caches,
-            engram_pad_id=model.engram_pad_id, image_token_id=model.cfg.image_token_id,
+            engram_pad_id=model.engram_pad_id,
+            debug={} if debug else None,
         )
         return forward(f, model.plans, model.tables)
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.cache_format import fp8_g32_decode, mxfp4_g32_decode, nvfp4_g16_decode
 from dsgraph.platform.cpu.step_rows import locate_entries, per_row, real_rows, require_in_range
 
@@ -82,7 +83,14 @@ def topk_select(p: Any, scores: Tensor) -> Tensor:
 
 
 def _swa_keys(
-    kv: Tensor, ring: Tensor, positions: Tensor, seq: Tensor, real: Tensor, start: Tensor, slot: Tensor, window: int
+    kv: Tensor,
+    ring: Tensor,
+    positions: Tensor,
+    seq: Tensor,
+    real: Tensor,
+    start: Tensor,
+    slot: Tensor,
+    window: int,
 ) -> tuple[Tensor, Tensor]:
     """SWA keys of every row: (keys [T, window, hd] f32, valid [T, window] bool), oldest position first.
 
@@ -99,7 +107,8 @@ def _swa_keys(
     if bool(wrong.any()):
         t, j = (int(i) for i in wrong.nonzero()[0])
         raise ValueError(
-            f"attention: row {t} needs position {int(pos[t, j])} of its chunk (seq_start {int(start[t])}) at row "
+            f"attention: row {t} needs position {int(pos[t, j])} of its chunk (seq_start {int(start[t])}) "
+            f"at row "
             f"{t - window + 1 + j}, which holds another position or sequence; rows must be contiguous"
         )
     from_chunk = kv.float()[chunk_row] if rows else kv.float().new_zeros(0, window, kv.shape[1])
@@ -126,13 +135,15 @@ def _sink_softmax(logits: Tensor, valid: Tensor, sink: Tensor) -> Tensor:
     """P [T, nh, N]: softmax over the valid keys with exp(sink_h) as one more term of the denominator."""
     masked = torch.where(valid.unsqueeze(1), logits, NEG_INF)
     sink_column = sink.float().view(1, -1, 1).expand(logits.shape[0], -1, 1)
-    return torch.cat((masked, sink_column), dim=-1).softmax(dim=-1)[..., :-1]
+    return invariant.softmax(torch.cat((masked, sink_column), dim=-1), -1)[..., :-1]
 
 
 def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor) -> Tensor:
     positions, seq_ids, seq_slot, seq_start = operands[:4]
     real, seq = real_rows("attention", seq_ids, seq_slot.shape[0])
-    require_in_range("attention", per_row(seq_slot, seq, real), ring.shape[0], "ring slot of row", active=real)
+    require_in_range(
+        "attention", per_row(seq_slot, seq, real), ring.shape[0], "ring slot of row", active=real
+    )
     start, slot = per_row(seq_start, seq, real), per_row(seq_slot, seq, real)
     keys, valid = _swa_keys(kv, ring, positions, seq, real, start, slot, p.window)
     if len(operands) == 7:

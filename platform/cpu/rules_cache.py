@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.step_rows import (
     locate_entries,
     per_row,
@@ -18,11 +19,19 @@ from dsgraph.platform.cpu.step_rows import (
 
 
 def swa_write(
-    _p: Any, ring: Tensor, entries: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, seq_end: Tensor
+    _p: Any,
+    ring: Tensor,
+    entries: Tensor,
+    positions: Tensor,
+    seq_ids: Tensor,
+    seq_slot: Tensor,
+    seq_end: Tensor,
 ) -> Tensor:
     slots, ring_len = ring.shape[0], ring.shape[1]
     real, seq = real_rows("swa_write", seq_ids, seq_slot.shape[0])
-    require_in_range("swa_write", seq_slot, slots, "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0]))
+    require_in_range(
+        "swa_write", seq_slot, slots, "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0])
+    )
     # Older positions of a long chunk would be overwritten by later rows of the same chunk.
     keep = real & (positions.long() >= per_row(seq_end, seq, real) - ring_len)
     rows = keep.nonzero().squeeze(1)
@@ -35,7 +44,13 @@ def swa_write(
 
 
 def paged_write(
-    _p: Any, pool: Tensor, entries: Tensor, entry_ids: Tensor, valid: Tensor, seq_ids: Tensor, block_table: Tensor
+    _p: Any,
+    pool: Tensor,
+    entries: Tensor,
+    entry_ids: Tensor,
+    valid: Tensor,
+    seq_ids: Tensor,
+    block_table: Tensor,
 ) -> Tensor:
     num_blocks, block_size = pool.shape[0], pool.shape[1]
     real, seq = real_rows("paged_write", seq_ids, block_table.shape[0])
@@ -57,7 +72,13 @@ def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
 
 
 def _first_token(
-    kv: Tensor, gate: Tensor, state: Tensor, positions: Tensor, closes: Tensor, start: Tensor, slot: Tensor,
+    kv: Tensor,
+    gate: Tensor,
+    state: Tensor,
+    positions: Tensor,
+    closes: Tensor,
+    start: Tensor,
+    slot: Tensor,
     seq: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """Projections (wkv, wgate) of the even-position token of each closing row's group: the previous row of
@@ -76,7 +97,8 @@ def _first_token(
         )
     slot_state = state[slot]  # [T, 2, D]
     use_state = (closes & from_state).unsqueeze(1)
-    return torch.where(use_state, slot_state[:, 0], kv[prev]), torch.where(use_state, slot_state[:, 1], gate[prev])
+    first_kv = torch.where(use_state, slot_state[:, 0], kv[prev])
+    return first_kv, torch.where(use_state, slot_state[:, 1], gate[prev])
 
 
 def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
@@ -87,7 +109,9 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     if p.ratio == 1:
         return torch.where(real.unsqueeze(1), kv, 0.0), real
     wgate, state = operands[2], operands[3]
-    require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0]))
+    require_in_range(
+        "compress", seq_slot, state.shape[0], "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0])
+    )
     gate = rowwise_linear(u, wgate)
     closes = real & (positions % 2 == 1)
     slot = per_row(seq_slot, seq, real)
@@ -95,7 +119,8 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     first_kv, first_gate = _first_token(kv, gate, state, positions, closes, start, slot, seq)
     # [T, 2 tokens, D]: the same softmax-over-tokens pooling as the full-sequence reference.
     values = torch.stack((first_kv, kv), dim=1)
-    weights = torch.stack((first_gate, gate), dim=1).softmax(dim=1)
+    # torch's f32 softmax over a non-last dim rounds by position in the tensor; f64 is batch invariant.
+    weights = invariant.softmax(torch.stack((first_gate, gate), dim=1), 1)
     latent = torch.where(closes.unsqueeze(1), (values * weights).sum(dim=1), 0.0)
     return latent, closes, _open_groups(state, kv, gate, positions, real, seq, slot)
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp8_block_dequantize, fp8_g32_qdq
+from dsgraph.platform.cpu.step_rows import rowwise_linear
 
 Tensor = torch.Tensor
 
@@ -51,7 +52,9 @@ def cast(p: Any, x: Tensor) -> Tensor:
 
 
 def matmul(_p: Any, a: Tensor, b: Tensor) -> Tensor:
-    return torch.matmul(a.float(), b.float()).to(a.dtype)
+    # One row of `a` per product (M = 1), as rowwise_linear: a row's result never depends on the other rows.
+    rows = torch.matmul(a.float().unsqueeze(-2), b.float().unsqueeze(-3))  # [*b, m, 1, n]
+    return rows.squeeze(-2).to(a.dtype)
 
 
 def reshape(p: Any, x: Tensor) -> Tensor:
@@ -88,7 +91,7 @@ def rms_norm(p: Any, x: Tensor, w: Tensor) -> Tensor:
 
 
 def softmax(p: Any, x: Tensor) -> Tensor:
-    return torch.softmax(x.float(), dim=p.axis).to(x.dtype)
+    return invariant.softmax(x.float(), p.axis).to(x.dtype)
 
 
 def linear_operands(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> tuple[Tensor, Tensor]:
@@ -99,7 +102,8 @@ def linear_operands(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> tuple[Tenso
 
 
 def linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> Tensor:
-    return F.linear(*linear_operands(p, x, w, *scale)).to(to_torch(p.out_dtype))
+    # Row by row: the cpu reference is batch invariant (a row's result never depends on the batch).
+    return rowwise_linear(*linear_operands(p, x, w, *scale)).to(to_torch(p.out_dtype))
 
 
 RULES: dict[str, Any] = {
@@ -115,14 +119,16 @@ RULES: dict[str, Any] = {
     "where": _elementwise(torch.where),
     "neg": _elementwise(torch.neg),
     "abs": _elementwise(torch.abs),
-    "exp": _unary_f32(torch.exp),
-    "log": _unary_f32(torch.log),
+    # Transcendentals in f64, rounded once: torch's f32 kernels round some of them differently on the
+    # vector body and the tail, so a row's value would depend on the batch (platform/cpu/invariant.py).
+    "exp": _unary_f32(invariant.exp),
+    "log": _unary_f32(invariant.log),
     "sqrt": _unary_f32(torch.sqrt),
     "rsqrt": _unary_f32(torch.rsqrt),
-    "sigmoid": _unary_f32(torch.sigmoid),
-    "silu": _unary_f32(F.silu),
+    "sigmoid": _unary_f32(invariant.sigmoid),
+    "silu": _unary_f32(invariant.silu),
     "relu": _unary_f32(torch.relu),
-    "softplus": _unary_f32(F.softplus),
+    "softplus": _unary_f32(invariant.softplus),
     "cast": cast,
     "reduce_sum": _reduce(torch.sum),
     "reduce_max": _reduce(_reduce_max),

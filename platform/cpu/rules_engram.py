@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp8_rows_dequantize
 
@@ -144,10 +145,10 @@ def engram_gate(p: Any, x: Tensor, kv: Tensor, qw: Tensor, kw: Tensor, token_ids
     rstd = torch.rsqrt(hidden_f.square().mean(-1) + p.eps) * torch.rsqrt(key.square().mean(-1) + p.eps)
     dot = (hidden_f * weight * key).sum(-1) * rstd * hidden**-0.5
     # copysign keeps d == -0.0 negative; sign(0) = 0 would give 0.5 instead (numerics 4c edge).
-    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(_GATE_FLOOR).sqrt(), dot))
+    gate = invariant.sigmoid(torch.copysign(dot.abs().clamp_min(_GATE_FLOOR).sqrt(), dot))
     masked = token_ids < 0
     if p.image_token_id >= 0:
-        masked = masked
+        masked = masked | (token_ids == p.image_token_id)
     gate = gate.masked_fill(masked[:, None], 0.0)
     return (hidden_f + gate[..., None] * value[:, None, :]).to(x.dtype)
 

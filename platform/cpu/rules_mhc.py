@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cpu.step_rows import rowwise_linear
 
 
 def sinkhorn(logits: Tensor, iters: int, eps: float) -> Tensor:
     """[..., n, n] logits -> a near doubly-stochastic matrix: row softmax (+eps), then alternate
     column and row normalisation (each sum + eps in the denominator), `iters` column steps in all."""
-    comb = torch.softmax(logits, dim=-1) + eps
+    comb = invariant.softmax(logits, -1) + eps
     comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
     for _ in range(iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
@@ -26,12 +27,13 @@ def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[
     n = x.shape[1]
     flat = x.float().flatten(1)  # [tokens, n*H], stream-major
     # Projection first, then the per-token RMS factor: the released kernel's order.
-    mix = F.linear(flat, fn) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + p.norm_eps)
+    mix = rowwise_linear(flat, fn) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + p.norm_eps)
     scales = torch.cat((scale[0].expand(n), scale[1].expand(n), scale[2].expand(n * n)))
     # base + mix * scales as one fused multiply-add, as the released kernel rounds it.
     z = torch.addcmul(base, mix, scales)
-    pre = torch.sigmoid(z[:, :n]) + p.eps
-    post = 2 * torch.sigmoid(z[:, n : 2 * n])
+    # Sigmoid and the sinkhorn softmax in f64 (platform/cpu/invariant.py): batch invariant.
+    pre = invariant.sigmoid(z[:, :n]) + p.eps
+    post = 2 * invariant.sigmoid(z[:, n : 2 * n])
     comb = sinkhorn(z[:, 2 * n :].unflatten(-1, (n, n)), p.sinkhorn_iters, p.eps)
     return pre, post, comb
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp8_g32_qdq
+from dsgraph.platform.cpu.step_rows import rowwise_linear
 
 Tensor = torch.Tensor
 
@@ -21,7 +22,8 @@ _RENORM_EPS = 1e-20
 
 
 def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-    scores = torch.sqrt(F.softplus(F.linear(u.float(), gate_w.float())))
+    # softplus in f64 (platform/cpu/invariant.py): torch's f32 kernel rounds by position in the tensor.
+    scores = torch.sqrt(invariant.softplus(rowwise_linear(u.float(), gate_w.float())))
     biased = scores + bias
     # A stable descending sort keeps equal scores in id order: ties go to the lowest expert id.
     ids = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, : p.topk]
@@ -32,7 +34,7 @@ def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, 
 
 def swiglu_f32(g: Tensor, v: Tensor, limit: float) -> Tensor:
     """silu(min(g, limit)) * clamp(v, -limit, limit) in f32 (the clamp is one-sided on the gate)."""
-    return F.silu(g.float().clamp(max=limit)) * v.float().clamp(min=-limit, max=limit)
+    return invariant.silu(g.float().clamp(max=limit)) * v.float().clamp(min=-limit, max=limit)
 
 
 def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
@@ -76,8 +78,8 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
         rows, slots = torch.nonzero(ids == e, as_tuple=True)
         w1, w3, w2 = _expert_weights(p, e, ws)
         h = xin[rows]
-        act = swiglu_f32(F.linear(h, w1), F.linear(h, w3), p.swiglu_limit) * weights[rows, slots, None]
-        out.index_add_(0, rows, F.linear(_gemm_input(p, act, x.dtype), w2))
+        act = swiglu_f32(rowwise_linear(h, w1), rowwise_linear(h, w3), p.swiglu_limit) * weights[rows, slots, None]
+        out.index_add_(0, rows, rowwise_linear(_gemm_input(p, act, x.dtype), w2))
     return out.to(to_torch(p.out_dtype))
 
 

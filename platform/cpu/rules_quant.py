@@ -16,6 +16,7 @@ from dsgraph.platform.cpu import cache_format as CF
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp8_g32_qdq, mxfp4_g32_qdq, nvfp4_g16_qdq
 from dsgraph.platform.cpu.rules_core import linear_operands
+from dsgraph.platform.cpu.step_rows import rowwise_linear
 
 _QDQ: dict[str, Callable[[Tensor], Tensor]] = {
     "fp8_g32": fp8_g32_qdq,
@@ -55,7 +56,8 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> Tensor:
     xf, wf = linear_operands(p, x, w, *scale)
     groups = x.shape[-2]
     per_group = wf.reshape(groups, wf.shape[0] // groups, wf.shape[1])  # [G, n, k]: rows g*n .. (g+1)*n - 1
-    return torch.einsum("...gk,gnk->...gn", xf, per_group).to(to_torch(p.out_dtype))
+    out = torch.stack([rowwise_linear(xf[..., g, :], per_group[g]) for g in range(groups)], dim=-2)
+    return out.to(to_torch(p.out_dtype))
 
 
 RULES: dict[str, Any] = {

@@ -1,9 +1,11 @@
 """Reference meaning of the rope op, in torch (spec model-v41 3.2).
 
-The frequency table and the rotation reproduce the references' FP32 rounding bit for bit: the
-frequency is the reciprocal of theta^(2j/d) (not theta^(-2j/d)), the YaRN blend is
-(w/factor)*r + w*(1-r), and the rotation is a complex multiply (separate real multiplies round some
-values differently, which can move a value across a later FP8/FP4 bin).
+The frequency table reproduces the references' FP32 rounding bit for bit: the frequency is the
+reciprocal of theta^(2j/d) (not theta^(-2j/d)) and the YaRN blend is (w/factor)*r + w*(1-r). The
+rotation is computed batch invariantly (platform/cpu/invariant.py): cos and sin in f64 rounded to f32,
+then each rotated value from exact f64 products, rounded once. torch's complex64 multiply rounds the
+vector body and the tail differently, so the references' own values depend on the tensor's size; ours
+are the correctly rounded ones, within 1 ulp of theirs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.ops.rope import yarn_bounds
+from dsgraph.platform.cpu import invariant
 
 
 def rope_frequencies(p: Any) -> Tensor:
@@ -30,11 +33,12 @@ def rope_frequencies(p: Any) -> Tensor:
 def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
     angles = positions.float().unsqueeze(-1) * rope_frequencies(p)  # [tokens, rope_dim / 2]
     angles = angles.reshape(angles.shape[0], *([1] * (x.dim() - 2)), angles.shape[-1])  # broadcast over heads
-    rotation = torch.polar(torch.ones_like(angles), angles)
+    cos, sin = invariant.cos_sin(angles)
     if p.inverse:
-        rotation = rotation.conj()
-    pairs = torch.view_as_complex(x[..., -p.rope_dim :].float().unflatten(-1, (-1, 2)).contiguous())
-    rotated = torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+        sin = -sin
+    pairs = x[..., -p.rope_dim :].float().unflatten(-1, (-1, 2))
+    real, imag = invariant.rotate_pairs(pairs[..., 0], pairs[..., 1], cos, sin)
+    rotated = torch.stack((real, imag), dim=-1).flatten(-2).to(x.dtype)
     return torch.cat((x[..., : -p.rope_dim], rotated), dim=-1)
 
 

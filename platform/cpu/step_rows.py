@@ -48,7 +48,9 @@ def require_unique(op: str, keys: Tensor, rows: Tensor, what: str) -> None:
     if dup.numel():
         i = int(dup[0, 0])
         first, second = int(rows[order[i]]), int(rows[order[i + 1]])
-        raise ValueError(f"{op}: rows {first} and {second} both write {what}; one step writes a cache row once")
+        raise ValueError(
+            f"{op}: rows {first} and {second} both write {what}; one step writes a cache row once"
+        )
 
 
 def locate_entries(
@@ -77,10 +79,13 @@ def locate_entries(
 
 
 def rowwise_linear(x: Tensor, w: Tensor) -> Tensor:
-    """`x [T, k] . w[n, k]^T` in f32, one row at a time (a batched matmul with M = 1).
+    """`x [*, k] . w[n, k]^T` in f32, one row at a time (a batched matmul with M = 1).
 
     A plain GEMM's rounding depends on how many rows it multiplies; computing each row on its own makes
     a chunk's results identical however the rows of a sequence are split into steps.
     """
     xf, wf = x.float(), w.float()
-    return torch.bmm(xf.unsqueeze(1), wf.t().unsqueeze(0).expand(xf.shape[0], -1, -1)).squeeze(1)
+    lead = xf.shape[:-1]
+    rows = xf.reshape(-1, 1, xf.shape[-1])
+    out = torch.bmm(rows, wf.t().unsqueeze(0).expand(rows.shape[0], -1, -1))
+    return out.reshape(*lead, wf.shape[0])

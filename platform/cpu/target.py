@@ -15,6 +15,14 @@ from dsgraph.platform.registry import Platform
 
 PLATFORM = Platform(
     "cpu",
-    {**CORE_RULES, **QUANT_RULES, **ROPE_RULES, **MHC_RULES, **MOE_RULES, **ENGRAM_RULES,
-     **ATTENTION_RULES, **CACHE_RULES},
+    {
+        **CORE_RULES,
+        **QUANT_RULES,
+        **ROPE_RULES,
+        **MHC_RULES,
+        **MOE_RULES,
+        **ENGRAM_RULES,
+        **ATTENTION_RULES,
+        **CACHE_RULES,
+    },
 )

@@ -258,8 +258,9 @@ def test_hc_pre_collapse_expand_equal_nemo(config: str) -> None:
         TT(("tokens", hidden), "f32"),
     ]
     got = run(f, types, [x, hc.fn.detach(), hc.base.detach(), hc.scale.detach(), y])
+    # The cpu projection is computed row by row (batch invariant), NeMo's as one GEMM: f32 rounding only.
     for name in ("pre", "post", "comb"):
-        assert torch.equal(got[name], getattr(mix, name)[0]), name
+        torch.testing.assert_close(got[name], getattr(mix, name)[0], rtol=2e-6, atol=1e-7, msg=name)
     # Collapse and expand are element-wise: exact, given the same coefficients.
     assert torch.equal(got["collapse"], DeepseekV41HyperConnection.collapse(x[None], got["pre"][None])[0])
     nemo_mix = type(mix)(got["pre"][None], got["post"][None], got["comb"][None])
