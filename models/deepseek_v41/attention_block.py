@@ -18,7 +18,9 @@ def _swa_kv(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     """The layer's K(=V) of this step: FP8-rounded rope(kv_norm(wkv u)), written to the layer's ring."""
     p = f"layers.{plan.index}.attn."
     kv = f.norm(f.linear(u, p + "wkv.weight", "f32"), p + "kv_norm.weight")
-    kv = op.act_qdq(f.rope(kv, f.step["positions"], plan.rope_theta, plan.use_yarn), fmt="fp8_g32")
+    kv = f.rope(kv, f.step["positions"], plan.rope_theta, plan.use_yarn)
+    f.record(f"kv_pre.{plan.index}", kv)
+    kv = op.act_qdq(kv, fmt="fp8_g32")
     entries = op.cache_encode(kv, fmt="fp8_g32")
     s = f.step
     name = f"swa.{plan.index}"
@@ -45,6 +47,9 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)
     key = f.norm(op.linear(latent, f.cast(f.w(p + "indexer.wk.weight"), "f32"), out_dtype="f32"), p + "indexer.k_norm.weight")
     key = f.rope(key, entry_pos, plan.rope_theta, plan.use_yarn)
+    f.record(f"ckv_pre.{plan.index}", ckv)
+    f.record(f"kidx_pre.{plan.index}", key)
+    f.record(f"closes.{plan.index}", closes)
     table = f.step[f"block_table_r{plan.ratio}"]
     for name, value, fmt in ((f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt), (f"kidx.{plan.index}", key, "mxfp4_g32")):
         entries = op.cache_encode(value, fmt=fmt)
@@ -56,7 +61,9 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     p, t = f"layers.{plan.index}.attn.indexer.", f.text
     positions, seq_ids = f.step["positions"], f.step["seq_ids"]
     q = op.reshape(f.linear(c, p + "wq_b.weight", "f32"), shape=("tokens", t.index_n_heads, t.index_head_dim))
-    q = op.act_qdq(f.rope(q, positions, plan.rope_theta, plan.use_yarn), fmt="mxfp4_g32")
+    q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
+    f.record(f"iq_pre.{plan.index}", q)
+    q = op.act_qdq(q, fmt="mxfp4_g32")
     w = f.linear(u, p + "weights_proj.weight", "f32", quantized_input=False)
     if f.num.scale_index_weights:
         w = w * float((t.index_head_dim * t.index_n_heads) ** -0.5)

@@ -42,19 +42,25 @@ def _value(atom: Atom, env: dict[int, torch.Tensor]) -> torch.Tensor:
     return env[atom.id]
 
 
+def _where(i: int, eqn: Eqn) -> str:
+    return f"eqn {i} `{format_eqn(eqn, with_source=False)}`" + (f" from {eqn.source}" if eqn.source else "")
+
+
 def _run_eqn(i: int, eqn: Eqn, rule: Any, env: dict[int, torch.Tensor], sizes: dict[str, int]) -> None:
-    where = f"eqn {i} `{format_eqn(eqn, with_source=False)}`" + (f" from {eqn.source}" if eqn.source else "")
     try:
         result = rule(eqn.params, *(_value(a, env) for a in eqn.inputs))
     except ExecutionError:
         raise
     except Exception as exc:
-        raise ExecutionError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        raise ExecutionError(f"{_where(i, eqn)}: {type(exc).__name__}: {exc}") from exc
     results = result if isinstance(result, tuple) else (result,)
     if len(results) != len(eqn.outputs):
-        raise ExecutionError(f"{where}: rule returned {len(results)} values for {len(eqn.outputs)} outputs")
+        raise ExecutionError(f"{_where(i, eqn)}: rule returned {len(results)} values for {len(eqn.outputs)} outputs")
     for out, value in zip(eqn.outputs, results):
-        _bind(out.type, value, sizes, f"{where}: output")
+        try:
+            _bind(out.type, value, sizes, "output")
+        except ExecutionError as exc:
+            raise ExecutionError(f"{_where(i, eqn)}: {exc}") from None
         env[out.id] = value
 
 

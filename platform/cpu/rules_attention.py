@@ -1,7 +1,8 @@
 """Reference meaning of index_scores, candidate_mask, topk_select and attention (dsgraph.ops.attention).
 
-Every row is computed on its own (batched matmuls over rows, one small GEMM per row), so a sequence
-gives bit-identical results however its rows are split into steps, as long as the cache contents agree.
+Every row is computed on its own (per-row products and softmax of platform/cpu/invariant.py, not
+torch.bmm, whose rounding depends on the batch count), so a sequence gives bit-identical results
+whatever else shares the step and however its rows are split into steps, as long as the caches agree.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def index_scores(
     real, seq = real_rows("index_scores", seq_ids, block_table.shape[0])
     entries, allocated = _sequence_entries(block_table, keys, seq, real)
     k = mxfp4_g32_decode(entries)  # [T, E, id]
-    dots = torch.bmm(q.float(), k.transpose(1, 2))  # [T, ih, E]
+    dots = invariant.matmul(q, k.transpose(1, 2))  # [T, ih, E]
     scores = (dots.relu() * w.float().unsqueeze(-1)).sum(dim=1)
     entry = torch.arange(scores.shape[1])
     visible = allocated & (entry.unsqueeze(0) < (positions.long().unsqueeze(1) + 1) // p.ratio)
@@ -150,9 +151,9 @@ def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operan
         pool, block_table, topk = operands[4:]
         extra_keys, extra_valid = _compressed_keys(pool, block_table, topk, seq, real)
         keys, valid = torch.cat((keys, extra_keys), dim=1), torch.cat((valid, extra_valid), dim=1)
-    logits = torch.bmm(q.float(), keys.transpose(1, 2)) * p.softmax_scale  # [T, nh, N]
+    logits = invariant.matmul(q, keys.transpose(1, 2)) * p.softmax_scale  # [T, nh, N]
     probs = _sink_softmax(logits, valid, sink)
-    out = torch.bmm(probs, keys)  # [T, nh, hd]
+    out = invariant.matmul(probs, keys)  # [T, nh, hd]
     return torch.where(real.view(-1, 1, 1), out, 0.0).to(q.dtype)
 
 

@@ -128,13 +128,16 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
 def _open_groups(
     state: Tensor, kv: Tensor, gate: Tensor, positions: Tensor, real: Tensor, seq: Tensor, slot: Tensor
 ) -> Tensor:
-    """state' : each sequence whose last row sits at an even position keeps that row's projections."""
+    """state' : each sequence whose last row sits at an even position keeps that row's projections; one
+    whose last row closes a group gets zeros (no open group), so the state never depends on chunking."""
     following = torch.cat((seq[1:], seq.new_full((1,), -1)))
     following_real = torch.cat((real[1:], real.new_zeros(1)))
     is_last = real & ~(following_real & (following == seq))
     rows = (is_last & (positions % 2 == 0)).nonzero().squeeze(1)
-    require_unique("compress", slot[rows], rows, "one compressor state slot")
+    closed = (is_last & (positions % 2 == 1)).nonzero().squeeze(1)
+    require_unique("compress", slot[torch.cat((rows, closed))], torch.cat((rows, closed)), "one compressor state slot")
     out = state.clone()
+    out[slot[closed]] = 0.0
     out[slot[rows]] = torch.stack((kv[rows], gate[rows]), dim=1)
     return out
 

@@ -30,7 +30,7 @@ def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[
     mix = rowwise_linear(flat, fn) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + p.norm_eps)
     scales = torch.cat((scale[0].expand(n), scale[1].expand(n), scale[2].expand(n * n)))
     # base + mix * scales as one fused multiply-add, as the released kernel rounds it.
-    z = torch.addcmul(base, mix, scales)
+    z = invariant.fused_multiply_add(base, mix, scales)
     # Sigmoid and the sinkhorn softmax in f64 (platform/cpu/invariant.py): batch invariant.
     pre = invariant.sigmoid(z[:, :n]) + p.eps
     post = 2 * invariant.sigmoid(z[:, n : 2 * n])

@@ -78,7 +78,10 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
         rows, slots = torch.nonzero(ids == e, as_tuple=True)
         w1, w3, w2 = _expert_weights(p, e, ws)
         h = xin[rows]
-        act = swiglu_f32(rowwise_linear(h, w1), rowwise_linear(h, w3), p.swiglu_limit) * weights[rows, slots, None]
+        act = (
+            swiglu_f32(rowwise_linear(h, w1), rowwise_linear(h, w3), p.swiglu_limit)
+            * weights[rows, slots, None]
+        )
         out.index_add_(0, rows, rowwise_linear(_gemm_input(p, act, x.dtype), w2))
     return out.to(to_torch(p.out_dtype))
 

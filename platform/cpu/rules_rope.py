@@ -1,11 +1,11 @@
 """Reference meaning of the rope op, in torch (spec model-v41 3.2).
 
-The frequency table reproduces the references' FP32 rounding bit for bit: the frequency is the
-reciprocal of theta^(2j/d) (not theta^(-2j/d)) and the YaRN blend is (w/factor)*r + w*(1-r). The
-rotation is computed batch invariantly (platform/cpu/invariant.py): cos and sin in f64 rounded to f32,
-then each rotated value from exact f64 products, rounded once. torch's complex64 multiply rounds the
-vector body and the tail differently, so the references' own values depend on the tensor's size; ours
-are the correctly rounded ones, within 1 ulp of theirs.
+The frequency table and the rotation reproduce the references' FP32 rounding bit for bit: the
+frequency is the reciprocal of theta^(2j/d) (not theta^(-2j/d)), the YaRN blend is (w/factor)*r +
+w*(1-r), cos and sin are torch.polar's, and the rotation rounds like the vector body of torch's
+complex multiply (another rounding changes some values, which can move a value across a later FP8/FP4
+bin). Unlike torch's complex multiply, whose scalar tail rounds differently, the rotation here rounds
+every element the same way: batch invariant (platform/cpu/invariant.py).
 """
 
 from __future__ import annotations

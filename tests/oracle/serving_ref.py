@@ -42,13 +42,14 @@ __all__ = ["STRICT_ONLY", "serving_logits", "serving_numerics"]
 
 # DeepInfer's BF16 points that our serving graph leaves out (with `strict=True` this module adds them).
 STRICT_ONLY = (
-    "SWA KV: wkv GEMM output, kv_norm output and RoPE output rounded to BF16 before the FP8 cast [1a, 1b, 2a]",
+    "SWA KV: wkv GEMM output, kv_norm output and RoPE output in BF16 before the FP8 cast [1a, 1b, 2a]",
     "compressor: pooled latent (ratio 2) / wkv output (ratio 1) and its norm output in BF16 [3a]",
     "RoPE outputs of the compressed KV, index keys and index queries in BF16 before NVFP4/MXFP4 [1b]",
     "indexer: wq_b, wk and k_norm outputs in BF16; head weights (weights_proj output) in BF16 [3b]",
     "wo_a output goes to FP8 directly, without our BF16 rounding first [2d use_fp8_einsum_output]",
     "shared expert SwiGLU output goes to FP8 directly, without our BF16 rounding first [2d, 5b]",
-    "expert gate/up GEMM outputs (routed and shared) and the shared down output rounded to BF16 [5b]",
+    "expert gate/up GEMM outputs (routed and shared) and the shared down output rounded to BF16 [5b]; the "
+    "routed experts' own down outputs are not (NeMo sums them inside one loop, no hook point)",
 )
 
 
@@ -162,8 +163,12 @@ def _block(pts: _Points, layer: nn.Module, strict: bool) -> None:
     _moe(pts, layer.ffn, strict)
 
 
+_NEMO_APPLY_ROPE = nemo_attention._apply_rope
+_NEMO_QUANTIZE_CACHE = nemo_attention.quantize_cache
+
+
 def _rope(strict: bool, heads: int, head_dim: int) -> Callable[..., Tensor]:
-    rope = nemo_attention._apply_rope
+    rope = _NEMO_APPLY_ROPE
 
     def serving_rope(values: Tensor, angles: Tensor, *, inverse: bool = False) -> Tensor:
         if inverse:  # the attention output, BF16 in our graph, rotated back and rounded again
@@ -183,9 +188,6 @@ def _quantize_cache(values: Tensor, *, format: str, block_size: int) -> Tensor:
     return _NEMO_QUANTIZE_CACHE(values, format=format, block_size=block_size)
 
 
-_NEMO_QUANTIZE_CACHE = nemo_attention.quantize_cache
-
-
 @contextmanager
 def serving_numerics(model: nn.Module, *, strict: bool = False) -> Iterator[None]:
     """Within the block, a NeMo `DeepseekV41ForCausalLM` computes with the serving rounding points."""
@@ -197,6 +199,8 @@ def serving_numerics(model: nn.Module, *, strict: bool = False) -> Iterator[None
             f"serving_ref: index heads [{text.index_n_heads}, {text.index_head_dim}] equal attention heads "
             f"[{heads}, {head_dim}]; expected them to differ"
         )
+    if nemo_attention._apply_rope is not _NEMO_APPLY_ROPE:
+        raise RuntimeError("serving_numerics: already active (it is not re-entrant)")
     pts = _Points()
     try:
         for layer in model.model.layers.values():
