@@ -51,9 +51,13 @@ class Graph:
 
     def __post_init__(self) -> None:
         if len(self.input_names) != len(self.inputs):
-            raise ValueError(f"graph {self.name}: {len(self.inputs)} inputs but {len(self.input_names)} names")
+            raise ValueError(
+                f"graph {self.name}: {len(self.inputs)} inputs but {len(self.input_names)} names"
+            )
         if len(self.output_names) != len(self.outputs):
-            raise ValueError(f"graph {self.name}: {len(self.outputs)} outputs but {len(self.output_names)} names")
+            raise ValueError(
+                f"graph {self.name}: {len(self.outputs)} outputs but {len(self.output_names)} names"
+            )
 
     def input_type(self, name: str) -> TensorType:
         return self.inputs[self.input_names.index(name)].type

@@ -62,9 +62,11 @@ class _RawNames(_Names):
 
 def format_graph(graph: Graph, *, with_source: bool = True) -> str:
     names = _Names()
-    params = ", ".join(f"{names.define(v)}: {v.type} {n}" for v, n in zip(graph.inputs, graph.input_names))
+    params = ", ".join(
+        f"{names.define(v)}: {v.type} {n}" for v, n in zip(graph.inputs, graph.input_names, strict=True)
+    )
     lines = [f"graph {graph.name}({params}) {{"]
     lines += ["  " + format_eqn(e, names, with_source=with_source) for e in graph.eqns]
-    outs = ", ".join(f"{names.ref(a)} {n}" for a, n in zip(graph.outputs, graph.output_names))
+    outs = ", ".join(f"{names.ref(a)} {n}" for a, n in zip(graph.outputs, graph.output_names, strict=True))
     lines += [f"  return {outs}", "}"]
     return "\n".join(line.rstrip() for line in lines) + "\n"

@@ -17,14 +17,18 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool], prefix: str = "") -> list
     elif isinstance(tree, (list, tuple)):
         items = [(str(i), v) for i, v in enumerate(tree)]
     else:
-        raise TypeError(f"{prefix or 'argument'}: {type(tree).__name__} is neither a leaf nor a dict/list/tuple")
+        raise TypeError(
+            f"{prefix or 'argument'}: {type(tree).__name__} is neither a leaf nor a dict/list/tuple"
+        )
     out: list[tuple[str, Leaf]] = []
     for key, value in items:
         out.extend(flatten(value, is_leaf, f"{prefix}.{key}" if prefix else key))
     return out
 
 
-def map_leaves(tree: Any, is_leaf: Callable[[Any], bool], fn: Callable[[str, Leaf], Any], prefix: str = "") -> Any:
+def map_leaves(
+    tree: Any, is_leaf: Callable[[Any], bool], fn: Callable[[str, Leaf], Any], prefix: str = ""
+) -> Any:
     """Same structure, each leaf replaced by fn(path, leaf)."""
     if is_leaf(tree):
         return fn(prefix or "out", tree)

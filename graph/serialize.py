@@ -51,9 +51,9 @@ def graph_to_json(graph: Graph) -> dict[str, Any]:
         "version": VERSION,
         "name": graph.name,
         "types": {str(k): v for k, v in var_types.items()},
-        "inputs": [[v.id, n] for v, n in zip(graph.inputs, graph.input_names)],
+        "inputs": [[v.id, n] for v, n in zip(graph.inputs, graph.input_names, strict=True)],
         "eqns": eqns,
-        "outputs": [[_atom_to_json(a), n] for a, n in zip(graph.outputs, graph.output_names)],
+        "outputs": [[_atom_to_json(a), n] for a, n in zip(graph.outputs, graph.output_names, strict=True)],
     }
 
 
@@ -73,7 +73,9 @@ def _atom_from_json(item: Any, vars_: dict[int, Var]) -> Atom:
 
 def graph_from_json(data: dict[str, Any]) -> Graph:
     if data.get("format") != FORMAT or data.get("version") != VERSION:
-        raise SerializeError(f"not a {FORMAT} v{VERSION} graph: format={data.get('format')} version={data.get('version')}")
+        raise SerializeError(
+            f"not a {FORMAT} v{VERSION} graph: format={data.get('format')} version={data.get('version')}"
+        )
     types: dict[int, TensorType] = {int(k): parse_type(v) for k, v in data["types"].items()}
     vars_ = {i: Var(i, t) for i, t in types.items()}
     eqns = []

@@ -64,7 +64,9 @@ class Tracer:
         return f"Tracer(%{self.var.id}: {self.var.type})"
 
     def __bool__(self) -> bool:
-        raise TypeError("a traced value has no Python truth value (data-dependent control flow is not traceable)")
+        raise TypeError(
+            "a traced value has no Python truth value (data-dependent control flow is not traceable)"
+        )
 
     def __add__(self, other: Any) -> Tracer:
         return get_op("add")(self, other)
@@ -101,7 +103,7 @@ class Tracer:
 
 
 def _user_source() -> str:
-    """"dir/file.py:line" of the innermost frame outside dsgraph.graph and dsgraph.ops."""
+    """ "dir/file.py:line" of the innermost frame outside dsgraph.graph and dsgraph.ops."""
     frame = sys._getframe(2)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
@@ -128,7 +130,9 @@ def _to_atom(value: Any, state: _TraceState, tracers: list[Tracer]) -> Atom:
         return value.var
     if isinstance(value, (bool, int, float)):
         return Lit(value, TensorType((), _literal_dtype(value, tracers)))
-    raise ShapeError(f"operand {value!r} of type {type(value).__name__} is neither a traced value nor a scalar")
+    raise ShapeError(
+        f"operand {value!r} of type {type(value).__name__} is neither a traced value nor a scalar"
+    )
 
 
 def bind(op: OpDef, args: tuple[Any, ...], p: Any) -> Any:

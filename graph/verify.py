@@ -25,7 +25,8 @@ def _check_use(graph: Graph, index: int, eqn: Eqn, atom: Atom, defined: dict[int
         raise VerifyError(f"{_where(graph, index, eqn)}: unbound value %{atom.id}")
     if defined[atom.id].type != atom.type:
         raise VerifyError(
-            f"{_where(graph, index, eqn)}: %{atom.id} used as {atom.type} but defined as {defined[atom.id].type}"
+            f"{_where(graph, index, eqn)}: %{atom.id} used as {atom.type} "
+            f"but defined as {defined[atom.id].type}"
         )
 
 
@@ -49,13 +50,13 @@ def _check_eqn(graph: Graph, index: int, eqn: Eqn, defined: dict[int, Var]) -> N
 def verify(graph: Graph) -> Graph:
     """Raise VerifyError at the first broken invariant; return the graph unchanged otherwise."""
     defined: dict[int, Var] = {}
-    for var, name in zip(graph.inputs, graph.input_names):
+    for var, name in zip(graph.inputs, graph.input_names, strict=True):
         if var.id in defined:
             raise VerifyError(f"graph {graph.name}: input {name} (%{var.id}) assigned twice")
         defined[var.id] = var
     for index, eqn in enumerate(graph.eqns):
         _check_eqn(graph, index, eqn, defined)
-    for atom, name in zip(graph.outputs, graph.output_names):
+    for atom, name in zip(graph.outputs, graph.output_names, strict=True):
         if isinstance(atom, Var) and atom.id not in defined:
             raise VerifyError(f"graph {graph.name}: output {name} is the unbound value %{atom.id}")
     return graph

@@ -46,7 +46,9 @@ def _float_binary_rule(p: NoParams, ts: tuple[TensorType, ...]) -> tuple[TensorT
     return _binary_rule(p, ts)
 
 
-div = declare_op("div", NoParams, _float_binary_rule, _BINARY_DOC.format(what="a / b (floats only)"), num_inputs=2)
+div = declare_op(
+    "div", NoParams, _float_binary_rule, _BINARY_DOC.format(what="a / b (floats only)"), num_inputs=2
+)
 floor_div = declare_op(
     "floor_div", NoParams, _int_binary_rule, "`a [*] int, b [*] int` -> `[*]`, floor(a / b).", num_inputs=2
 )
@@ -62,10 +64,14 @@ exp = declare_op("exp", NoParams, _unary_float_rule, _UNARY_DOC.format(what="e^x
 log = declare_op("log", NoParams, _unary_float_rule, _UNARY_DOC.format(what="ln x"), num_inputs=1)
 sqrt = declare_op("sqrt", NoParams, _unary_float_rule, _UNARY_DOC.format(what="sqrt x"), num_inputs=1)
 rsqrt = declare_op("rsqrt", NoParams, _unary_float_rule, _UNARY_DOC.format(what="1/sqrt x"), num_inputs=1)
-sigmoid = declare_op("sigmoid", NoParams, _unary_float_rule, _UNARY_DOC.format(what="1/(1+e^-x)"), num_inputs=1)
+sigmoid = declare_op(
+    "sigmoid", NoParams, _unary_float_rule, _UNARY_DOC.format(what="1/(1+e^-x)"), num_inputs=1
+)
 silu = declare_op("silu", NoParams, _unary_float_rule, _UNARY_DOC.format(what="x*sigmoid(x)"), num_inputs=1)
 relu = declare_op("relu", NoParams, _unary_float_rule, _UNARY_DOC.format(what="max(x, 0)"), num_inputs=1)
-softplus = declare_op("softplus", NoParams, _unary_float_rule, _UNARY_DOC.format(what="ln(1+e^x)"), num_inputs=1)
+softplus = declare_op(
+    "softplus", NoParams, _unary_float_rule, _UNARY_DOC.format(what="ln(1+e^x)"), num_inputs=1
+)
 
 
 def _where_rule(_p: NoParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -75,7 +81,11 @@ def _where_rule(_p: NoParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, .
 
 
 where = declare_op(
-    "where", NoParams, _where_rule, "`cond [*] bool, a [*], b [*]` -> `[*]`, a where cond else b.", num_inputs=3
+    "where",
+    NoParams,
+    _where_rule,
+    "`cond [*] bool, a [*], b [*]` -> `[*]`, a where cond else b.",
+    num_inputs=3,
 )
 
 
@@ -91,7 +101,11 @@ def _cast_rule(p: CastParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, .
 
 
 cast = declare_op(
-    "cast", CastParams, _cast_rule, "`x [*]` -> `[*] dtype`; float->float rounds to nearest even.", num_inputs=1
+    "cast",
+    CastParams,
+    _cast_rule,
+    "`x [*]` -> `[*] dtype`; float->float rounds to nearest even.",
+    num_inputs=1,
 )
 
 
@@ -113,7 +127,9 @@ def _reduce_rule(p: ReduceParams, ts: tuple[TensorType, ...]) -> tuple[TensorTyp
 _RED_DOC = "`x [*]` -> `x` without `axes` (kept as 1 with keepdims), {what}; floats accumulate in f32."
 reduce_sum = declare_op("reduce_sum", ReduceParams, _reduce_rule, _RED_DOC.format(what="sum"), num_inputs=1)
 reduce_max = declare_op("reduce_max", ReduceParams, _reduce_rule, _RED_DOC.format(what="max"), num_inputs=1)
-reduce_mean = declare_op("reduce_mean", ReduceParams, _reduce_rule, _RED_DOC.format(what="mean"), num_inputs=1)
+reduce_mean = declare_op(
+    "reduce_mean", ReduceParams, _reduce_rule, _RED_DOC.format(what="mean"), num_inputs=1
+)
 
 
 def _matmul_rule(_p: NoParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -131,6 +147,7 @@ matmul = declare_op(
     "matmul",
     NoParams,
     _matmul_rule,
-    "`a [*b, m, k], b [*b, k, n]` (batch dims broadcast, same float dtype) -> `[*b, m, n]`; f32 accumulation.",
+    "`a [*b, m, k], b [*b, k, n]` (batch dims broadcast, same float dtype) -> `[*b, m, n]`; "
+    "f32 accumulation.",
     num_inputs=2,
 )

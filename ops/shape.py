@@ -67,7 +67,11 @@ def _broadcast_rule(p: BroadcastParams, ts: tuple[TensorType, ...]) -> tuple[Ten
 
 
 broadcast_to = declare_op(
-    "broadcast_to", BroadcastParams, _broadcast_rule, "`x [*]` -> `[shape]` (numpy broadcasting).", num_inputs=1
+    "broadcast_to",
+    BroadcastParams,
+    _broadcast_rule,
+    "`x [*]` -> `[shape]` (numpy broadcasting).",
+    num_inputs=1,
 )
 
 
@@ -92,7 +96,9 @@ def _concat_rule(p: AxisParams, ts: tuple[TensorType, ...]) -> tuple[TensorType,
     return (TensorType(shape, dtype),)
 
 
-concat = declare_op("concat", AxisParams, _concat_rule, "`xs... [*, d_i, *]` -> `[*, sum d_i, *]` along axis.")
+concat = declare_op(
+    "concat", AxisParams, _concat_rule, "`xs... [*, d_i, *]` -> `[*, sum d_i, *]` along axis."
+)
 
 
 @params
@@ -112,7 +118,11 @@ def _slice_rule(p: SliceParams, ts: tuple[TensorType, ...]) -> tuple[TensorType,
 
 
 slice_ = declare_op(
-    "slice", SliceParams, _slice_rule, "`x [*, d, *]` -> `[*, stop-start, *]`: x[start:stop] on axis.", num_inputs=1
+    "slice",
+    SliceParams,
+    _slice_rule,
+    "`x [*, d, *]` -> `[*, stop-start, *]`: x[start:stop] on axis.",
+    num_inputs=1,
 )
 
 

@@ -67,7 +67,9 @@ class Program:
 
 
 def _rule_name(rule: Rule) -> str:
-    return f"{getattr(rule, '__module__', '?').rsplit('.', 1)[-1]}.{getattr(rule, '__qualname__', repr(rule))}"
+    return (
+        f"{getattr(rule, '__module__', '?').rsplit('.', 1)[-1]}.{getattr(rule, '__qualname__', repr(rule))}"
+    )
 
 
 def get_platform(name: str) -> Platform:

@@ -34,7 +34,12 @@ class StepRunner:
     """Runs the traced step graph of one model on the cpu platform, carrying caches between steps."""
 
     def __init__(
-        self, model: V41Model, weights: Mapping[str, torch.Tensor], *, num_slots: int = 8, num_pages: int = 64,
+        self,
+        model: V41Model,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        num_slots: int = 8,
+        num_pages: int = 64,
         debug: bool = False,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
@@ -64,7 +69,10 @@ class StepRunner:
 
     def step_inputs(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> dict[str, torch.Tensor]:
         geo, m = self.model.geo, self.model.cfg.text.engram_max_ngram_size - 1
-        cols: dict[str, list] = {k: [] for k in ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")}
+        cols: dict[str, list] = {
+            k: []
+            for k in ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")
+        }
         tables: dict[int, list[list[int]]] = {r: [] for r in ratios(self.model.plans)}
         for s, (rid, new) in enumerate(chunks):
             req = self.requests[rid]
@@ -88,9 +96,11 @@ class StepRunner:
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
         """Run one step over (request id, new token ids) chunks; returns each chunk's logits [len, V]."""
         step = self.step_inputs(chunks)
-        args = {**{f"weights.{k}": v for k, v in self.weights.items()},
-                **{f"caches.{k}": v for k, v in self.caches.items()},
-                **{f"step.{k}": v for k, v in step.items()}}
+        args = {
+            **{f"weights.{k}": v for k, v in self.weights.items()},
+            **{f"caches.{k}": v for k, v in self.caches.items()},
+            **{f"step.{k}": v for k, v in step.items()},
+        }
         out = run_graph(self.graph, args)
         for name in self.caches:
             if f"caches.{name}" in out:

@@ -17,7 +17,9 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dsgraph", description="DeepSeek-V4.1 compiled-graph inference engine")
+    parser = argparse.ArgumentParser(
+        prog="dsgraph", description="DeepSeek-V4.1 compiled-graph inference engine"
+    )
     parser.add_argument("--version", action="version", version=f"dsgraph {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     inspect_cmd.add_parser(sub)

@@ -70,12 +70,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step", default="decode", help="step kind to trace (with --model)")
     p.add_argument("--tokens", type=int, default=8, help="bucket size for the symbolic token dim")
     p.add_argument("--seqs", type=int, default=None, help="bucket size for the symbolic sequence dim")
-    p.add_argument("--pages", type=int, default=16, help="cache pages per compressed-cache pool (with --model)")
+    p.add_argument(
+        "--pages", type=int, default=16, help="cache pages per compressed-cache pool (with --model)"
+    )
     p.add_argument("--platform", default="null", choices=["null", "cpu"], help="platform to lower onto")
     p.set_defaults(func=main)
 
 
-def bucket_sizes(symbols: frozenset[str], kind: str, tokens: int, seqs: int | None, pages: int) -> dict[str, int]:
+def bucket_sizes(
+    symbols: frozenset[str], kind: str, tokens: int, seqs: int | None, pages: int
+) -> dict[str, int]:
     """Concrete sizes for a dump: decode has one row per sequence, prefill one sequence by default."""
     seqs = seqs or (tokens if kind in ("decode", "example") else 1)
     rows = seqs if kind == "decode" else tokens
@@ -93,6 +97,8 @@ def main(args: argparse.Namespace) -> int:
         graph = example_graph()
     else:
         raise SystemExit("dsgraph inspect: give --example or --model DIR")
-    sizes = bucket_sizes(graph.symbols, args.step if args.model else "example", args.tokens, args.seqs, args.pages)
+    sizes = bucket_sizes(
+        graph.symbols, args.step if args.model else "example", args.tokens, args.seqs, args.pages
+    )
     print(dump(run_stages(graph, sizes), args.platform), end="")
     return 0

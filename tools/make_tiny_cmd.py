@@ -18,12 +18,20 @@ def _override(text: str) -> tuple[str, Any]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-tiny", help="write a random V4.1 checkpoint (config.json, tokenizer.json, safetensors)")
+    p = sub.add_parser(
+        "make-tiny", help="write a random V4.1 checkpoint (config.json, tokenizer.json, safetensors)"
+    )
     p.add_argument("out", help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", choices=["tiny", "deepseek"], default="tiny")
-    p.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
-                   help="config override KEY=VALUE (text_config key or top-level key; VALUE is JSON)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        type=_override,
+        action="append",
+        default=[],
+        help="config override KEY=VALUE (text_config key or top-level key; VALUE is JSON)",
+    )
     p.set_defaults(func=main)
 
 

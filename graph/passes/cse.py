@@ -29,7 +29,7 @@ def cse(graph: Graph) -> Graph:
             key = (eqn.op, tuple(_key_atom(a, alias) for a in eqn.inputs), eqn.params)
             first = seen.get(key)
             if first is not None:
-                alias.update({o.id: f for o, f in zip(eqn.outputs, first.outputs)})
+                alias.update({o.id: f for o, f in zip(eqn.outputs, first.outputs, strict=True)})
                 continue
             seen[key] = eqn
         eqns.append(eqn)

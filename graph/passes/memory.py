@@ -30,8 +30,13 @@ class MemoryPlan:
     unplanned_bytes: int  # bytes of all values without reuse, for the report
 
     def as_text(self) -> str:
-        lines = [f"arena {self.arena_bytes} B, peak live {self.peak_bytes} B, without reuse {self.unplanned_bytes} B"]
-        lines += [f"  v{s.var_id}: [{s.offset}, {s.offset + s.nbytes}) live {s.first}..{s.last}" for s in self.slots]
+        lines = [
+            f"arena {self.arena_bytes} B, peak live {self.peak_bytes} B, "
+            f"without reuse {self.unplanned_bytes} B"
+        ]
+        lines += [
+            f"  v{s.var_id}: [{s.offset}, {s.offset + s.nbytes}) live {s.first}..{s.last}" for s in self.slots
+        ]
         return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,9 @@ def specialize(graph: Graph, sizes: dict[str, int], *, name: str | None = None) 
     for dim, size in sizes.items():
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"specialize: size of {dim!r} must be an int >= 0, got {size!r}")
-    vars_: dict[int, Var] = {v.id: Var(v.id, TensorType(_dims(v.type.shape, sizes), v.type.dtype)) for v in graph.inputs}
+    vars_: dict[int, Var] = {
+        v.id: Var(v.id, TensorType(_dims(v.type.shape, sizes), v.type.dtype)) for v in graph.inputs
+    }
 
     def atom(a: Atom) -> Atom:
         return a if isinstance(a, Lit) else vars_[a.id]
@@ -43,7 +45,7 @@ def specialize(graph: Graph, sizes: dict[str, int], *, name: str | None = None) 
             types = get_op(eqn.op).infer(p, tuple(a.type for a in ins))
         except ShapeError as exc:
             raise ShapeError(f"specialize {sizes} at {eqn.source or eqn.op}: {exc}") from None
-        outs = tuple(Var(o.id, t) for o, t in zip(eqn.outputs, types))
+        outs = tuple(Var(o.id, t) for o, t in zip(eqn.outputs, types, strict=True))
         vars_.update({o.id: o for o in outs})
         eqns.append(Eqn(eqn.op, ins, outs, p, eqn.source))
     suffix = ",".join(f"{k}={v}" for k, v in sorted(sizes.items()))

@@ -24,20 +24,24 @@ def _swa_kv(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     entries = op.cache_encode(kv, fmt="fp8_g32")
     s = f.step
     name = f"swa.{plan.index}"
-    f.new_caches[name] = op.swa_write(f.caches[name], entries, s["positions"], s["seq_ids"], s["seq_slot"], s["seq_end"])
+    f.new_caches[name] = op.swa_write(
+        f.caches[name], entries, s["positions"], s["seq_ids"], s["seq_slot"], s["seq_end"]
+    )
     return kv
 
 
 def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     """A KV source: pool closed groups into latents; write compressed entries and index keys."""
-    p, t = f"layers.{plan.index}.attn.", f.text
+    p, _t = f"layers.{plan.index}.attn.", f.text
     positions, seq_ids, seq_slot, seq_start = _step_args(f)
     u32 = f.cast(u, "f32")
     wkv = f.w(p + "compressor.wkv.weight")
     if plan.ratio == 2:
         state = f.caches[f"comp.{plan.index}"]
         wgate = f.w(p + "compressor.wgate.weight")
-        latent, closes, new_state = op.compress(u32, wkv, wgate, state, positions, seq_ids, seq_slot, seq_start, ratio=2)
+        latent, closes, new_state = op.compress(
+            u32, wkv, wgate, state, positions, seq_ids, seq_slot, seq_start, ratio=2
+        )
         f.new_caches[f"comp.{plan.index}"] = new_state
     else:
         latent, closes = op.compress(u32, wkv, positions, seq_ids, seq_slot, seq_start, ratio=plan.ratio)
@@ -45,13 +49,19 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     entry_ids = positions if plan.ratio == 1 else positions // plan.ratio
     entry_pos = entry_ids * plan.ratio
     ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)
-    key = f.norm(op.linear(latent, f.cast(f.w(p + "indexer.wk.weight"), "f32"), out_dtype="f32"), p + "indexer.k_norm.weight")
+    key = f.norm(
+        op.linear(latent, f.cast(f.w(p + "indexer.wk.weight"), "f32"), out_dtype="f32"),
+        p + "indexer.k_norm.weight",
+    )
     key = f.rope(key, entry_pos, plan.rope_theta, plan.use_yarn)
     f.record(f"ckv_pre.{plan.index}", ckv)
     f.record(f"kidx_pre.{plan.index}", key)
     f.record(f"closes.{plan.index}", closes)
     table = f.step[f"block_table_r{plan.ratio}"]
-    for name, value, fmt in ((f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt), (f"kidx.{plan.index}", key, "mxfp4_g32")):
+    for name, value, fmt in (
+        (f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt),
+        (f"kidx.{plan.index}", key, "mxfp4_g32"),
+    ):
         entries = op.cache_encode(value, fmt=fmt)
         f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, closes, seq_ids, table)
 
@@ -72,7 +82,9 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     scores = op.index_scores(q, w, keys, table, positions, seq_ids, ratio=plan.ratio)
     f.record(f"index_scores.{plan.index}", scores)
     if plan.is_candidate_source:
-        f.candidates = op.candidate_mask(scores, block_size=t.candidate_block_size, topk_blocks=t.candidate_topk_blocks)
+        f.candidates = op.candidate_mask(
+            scores, block_size=t.candidate_block_size, topk_blocks=t.candidate_topk_blocks
+        )
         f.record(f"candidates.{plan.index}", f.candidates)
     if plan.uses_candidates and f.candidates is not None:
         scores = op.where(f.candidates, scores, NEG_INF)
@@ -91,8 +103,14 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:
     if scale is None:
         z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=f.num.act_dtype)
     else:
-        z = op.grouped_linear(grouped, f.w(name), scale, weight_format="fp8_block32", act_quant=f.num.act_quant,
-                              out_dtype=f.num.act_dtype)
+        z = op.grouped_linear(
+            grouped,
+            f.w(name),
+            scale,
+            weight_format="fp8_block32",
+            act_quant=f.num.act_quant,
+            out_dtype=f.num.act_dtype,
+        )
     return f.linear(op.reshape(z, shape=("tokens", t.o_groups * t.o_lora_rank)), p + "wo_b.weight")
 
 
@@ -110,7 +128,7 @@ def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     if plan.mode in (LayerMode.FULL, LayerMode.REINDEX):
         _select(f, plan, u, c)
     sink = f.w(p + "attn_sink")
-    common = dict(window=t.sliding_window, softmax_scale=float(t.head_dim ** -0.5))
+    common = dict(window=t.sliding_window, softmax_scale=float(t.head_dim**-0.5))
     kv = f.cast(kv, q.dtype)
     if plan.mode is LayerMode.SWA:
         o = op.attention(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, **common)
@@ -118,5 +136,7 @@ def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
         pool = f.cache(f"ckv.{plan.kv_source}")
         table = f.step[f"block_table_r{plan.ratio}"]
         topk = f.topk[plan.topk_source]
-        o = op.attention(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, pool, table, topk, **common)
+        o = op.attention(
+            q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, pool, table, topk, **common
+        )
     return _output(f, plan, o)

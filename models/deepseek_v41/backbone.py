@@ -17,8 +17,13 @@ from dsgraph.ops import op
 def _hc(f: Forward, x: Tracer, p: str) -> tuple[Tracer, Tracer, Tracer]:
     t = f.text
     return op.hc_pre(
-        x, f.w(p + "_fn"), f.w(p + "_base"), f.w(p + "_scale"),
-        sinkhorn_iters=t.hc_sinkhorn_iters, eps=float(t.hc_eps), norm_eps=float(t.rms_norm_eps),
+        x,
+        f.w(p + "_fn"),
+        f.w(p + "_base"),
+        f.w(p + "_scale"),
+        sinkhorn_iters=t.hc_sinkhorn_iters,
+        eps=float(t.hc_eps),
+        norm_eps=float(t.rms_norm_eps),
     )
 
 
@@ -28,7 +33,9 @@ def _collapse(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
     return op.hc_collapse(x, a, out_dtype=f.num.act_dtype)
 
 
-def block(f: Forward, plan: LayerPlan, x: Tracer, a: Tracer | None, table: EngramLayerHash | None) -> tuple[Tracer, Tracer]:
+def block(
+    f: Forward, plan: LayerPlan, x: Tracer, a: Tracer | None, table: EngramLayerHash | None
+) -> tuple[Tracer, Tracer]:
     """Spec 4.2: x [T, n, H] streams, `a` the pre-mix handed over by the previous sublayer."""
     p = f"layers.{plan.index}."
     if table is not None:
@@ -56,7 +63,9 @@ def head(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
     return op.linear(f.cast(rows, w.dtype), w, out_dtype="f32")
 
 
-def forward(f: Forward, plans: tuple[LayerPlan, ...], tables: dict[int, EngramLayerHash]) -> dict[str, Tracer]:
+def forward(
+    f: Forward, plans: tuple[LayerPlan, ...], tables: dict[int, EngramLayerHash]
+) -> dict[str, Tracer]:
     x, a = embed(f), None
     for plan in plans:
         x, a = block(f, plan, x, a, tables.get(plan.index))

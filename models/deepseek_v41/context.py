@@ -40,14 +40,18 @@ class Forward:
         """The latest value of a cache: updated this step if written, else the step's input."""
         return self.new_caches.get(name, self.caches[name])
 
-    def linear(self, x: Tracer, name: str, out_dtype: str | None = None, *, quantized_input: bool = True) -> Tracer:
+    def linear(
+        self, x: Tracer, name: str, out_dtype: str | None = None, *, quantized_input: bool = True
+    ) -> Tracer:
         """`x @ W^T` for weight `name` in whatever format the weights dict holds it."""
         out = out_dtype or self.num.act_dtype
         scale = self.weights.get(name.removesuffix(".weight") + ".scale")
         if scale is None:
             return op.linear(self.cast(x, self.w(name).dtype), self.w(name), out_dtype=out)
         act_quant = self.num.act_quant if quantized_input else "none"
-        return op.linear(x, self.w(name), scale, weight_format="fp8_block32", act_quant=act_quant, out_dtype=out)
+        return op.linear(
+            x, self.w(name), scale, weight_format="fp8_block32", act_quant=act_quant, out_dtype=out
+        )
 
     def cast(self, x: Tracer, dtype: str) -> Tracer:
         return x if x.dtype == dtype else op.cast(x, dtype=dtype)
@@ -55,13 +59,19 @@ class Forward:
     def norm(self, x: Tracer, name: str) -> Tracer:
         return op.rms_norm(x, self.w(name), eps=self.text.rms_norm_eps)
 
-    def rope(self, x: Tracer, positions: Tracer, theta: float, use_yarn: bool, *, inverse: bool = False) -> Tracer:
+    def rope(
+        self, x: Tracer, positions: Tracer, theta: float, use_yarn: bool, *, inverse: bool = False
+    ) -> Tracer:
         t = self.text
         scaling = t.rope_scaling
-        yarn = dict(
-            yarn_factor=float(scaling.factor),
-            beta_fast=float(scaling.beta_fast),
-            beta_slow=float(scaling.beta_slow),
-            original_max=int(scaling.original_max_position_embeddings),
-        ) if use_yarn and scaling is not None else {}
+        yarn = (
+            dict(
+                yarn_factor=float(scaling.factor),
+                beta_fast=float(scaling.beta_fast),
+                beta_slow=float(scaling.beta_slow),
+                original_max=int(scaling.original_max_position_embeddings),
+            )
+            if use_yarn and scaling is not None
+            else {}
+        )
         return op.rope(x, positions, rope_dim=t.qk_rope_head_dim, theta=float(theta), inverse=inverse, **yarn)

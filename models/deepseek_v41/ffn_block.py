@@ -19,11 +19,17 @@ def moe(f: Forward, layer: int, u: Tracer, *, prefix: str | None = None) -> Trac
     """`u` [T, H] is ffn_norm(collapse(X)); routed experts + the shared expert -> [T, H]."""
     t, p = f.text, prefix or f"layers.{layer}."
     gate_w = f.w(p + "ffn.gate.weight")
-    weights, ids = op.moe_route(f.cast(u, gate_w.dtype) if gate_w.dtype == "f32" else u, gate_w, f.w(p + "ffn.gate.bias"),
-                                topk=t.num_experts_per_tok if prefix is None else t.dspark_num_experts_per_tok,
-                                routed_scaling=float(t.routed_scaling_factor))
+    weights, ids = op.moe_route(
+        f.cast(u, gate_w.dtype) if gate_w.dtype == "f32" else u,
+        gate_w,
+        f.w(p + "ffn.gate.bias"),
+        topk=t.num_experts_per_tok if prefix is None else t.dspark_num_experts_per_tok,
+        routed_scaling=float(t.routed_scaling_factor),
+    )
     operands, fmt = _expert_args(f, p)
-    routed = op.moe_experts(u, ids, weights, *operands, swiglu_limit=float(t.swiglu_limit), out_dtype="f32", **fmt)
+    routed = op.moe_experts(
+        u, ids, weights, *operands, swiglu_limit=float(t.swiglu_limit), out_dtype="f32", **fmt
+    )
     sp = p + "ffn.shared_experts."
     g = f.linear(u, sp + "w1.weight", "f32")
     v = f.linear(u, sp + "w3.weight", "f32")
@@ -36,13 +42,31 @@ def engram(f: Forward, layer: int, table: EngramLayerHash, x: Tracer) -> Tracer:
     """Add the gated Engram memory of this layer to the streams x [T, n, H]."""
     t, p, s = f.text, f"layers.{layer}.engram.", f.step
     rows = op.engram_hash(
-        s["token_ids"], s["positions"], s["seq_ids"], s["seq_start"], s["lookback"], f.w("engram.token_map"),
-        primes=table.primes, offsets=table.offsets, multipliers=table.multipliers, pad_id=f.engram_pad_id,
-        max_ngram=t.engram_max_ngram_size, image_token_id=f.image_token_id,
+        s["token_ids"],
+        s["positions"],
+        s["seq_ids"],
+        s["seq_start"],
+        s["lookback"],
+        f.w("engram.token_map"),
+        primes=table.primes,
+        offsets=table.offsets,
+        multipliers=table.multipliers,
+        pad_id=f.engram_pad_id,
+        max_ngram=t.engram_max_ngram_size,
+        image_token_id=f.image_token_id,
     )
-    e = op.gather_dequant_rows(f.w(p + "embed.weight"), f.w(p + "embed.scale"), rows, out_dtype=f.num.act_dtype)
+    e = op.gather_dequant_rows(
+        f.w(p + "embed.weight"), f.w(p + "embed.scale"), rows, out_dtype=f.num.act_dtype
+    )
     j = rows.shape[1]
     e = op.reshape(e, shape=("tokens", j * t.engram_head_dim))
     kv = f.linear(e, p + "wkv.weight", "f32", quantized_input=False)  # the rows are FP8 already
-    return op.engram_gate(x, kv, f.w(p + "q_weight"), f.w(p + "k_weight"), s["token_ids"],
-                          eps=float(t.rms_norm_eps), image_token_id=f.image_token_id)
+    return op.engram_gate(
+        x,
+        kv,
+        f.w(p + "q_weight"),
+        f.w(p + "k_weight"),
+        s["token_ids"],
+        eps=float(t.rms_norm_eps),
+        image_token_id=f.image_token_id,
+    )

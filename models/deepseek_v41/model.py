@@ -33,17 +33,27 @@ class V41Model:
 
 
 def build_model(cfg: ModelConfig, token_map: list[int], num: Numerics, geo: CacheGeometry) -> V41Model:
-    tables = {h.layer_id: h for h in engram_primes(EngramSpec.from_text_config(cfg.text))} if cfg.text.engram_layer_ids else {}
+    tables = (
+        {h.layer_id: h for h in engram_primes(EngramSpec.from_text_config(cfg.text))}
+        if cfg.text.engram_layer_ids
+        else {}
+    )
     return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, token_map[cfg.text.engram_pad_token_id])
 
 
-def trace_step(model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step", debug: bool = False) -> Graph:
+def trace_step(
+    model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step", debug: bool = False
+) -> Graph:
     """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`
     (with `debug`, also `debug.index_scores.{layer}` [T, E] and `debug.topk.{layer}` [T, k])."""
 
     def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(
-            model.cfg.text, model.num, weights, step, caches,
+            model.cfg.text,
+            model.num,
+            weights,
+            step,
+            caches,
             engram_pad_id=model.engram_pad_id,
             debug={} if debug else None,
         )

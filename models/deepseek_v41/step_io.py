@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from dsgraph.graph.types import TensorType
 from dsgraph.models.deepseek_v41.config import TextConfig
 from dsgraph.models.deepseek_v41.layers_plan import LayerMode, LayerPlan
-from dsgraph.platform.cpu.cache_format import fp8_g32_entry_bytes, mxfp4_g32_entry_bytes, nvfp4_g16_entry_bytes
+from dsgraph.platform.cpu.cache_format import (
+    fp8_g32_entry_bytes,
+    mxfp4_g32_entry_bytes,
+    nvfp4_g16_entry_bytes,
+)
 
 ROLLBACK_ROOM = 6  # anchor + 5 drafts may be written and rolled back (spec 5.6)
 
@@ -29,8 +33,12 @@ class CacheGeometry:
         return -(-entries // self.page_size)
 
 
-def default_geometry(text: TextConfig, max_model_len: int | None = None, page_size: int = 64) -> CacheGeometry:
-    return CacheGeometry(text.sliding_window + ROLLBACK_ROOM, page_size, max_model_len or text.max_position_embeddings)
+def default_geometry(
+    text: TextConfig, max_model_len: int | None = None, page_size: int = 64
+) -> CacheGeometry:
+    return CacheGeometry(
+        text.sliding_window + ROLLBACK_ROOM, page_size, max_model_len or text.max_position_embeddings
+    )
 
 
 def ratios(plans: tuple[LayerPlan, ...]) -> tuple[int, ...]:
@@ -55,7 +63,7 @@ def step_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeometr
 
 
 def cache_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeometry) -> dict[str, TensorType]:
-    """Per layer: `swa.{i}` ring; per KV source: `ckv.{i}`, `kidx.{i}` pages and (ratio 2) `comp.{i}` state."""
+    """Per layer the `swa.{i}` ring; per KV source `ckv.{i}`, `kidx.{i}` pages and (ratio 2) `comp.{i}`."""
     hd = text.head_dim
     types: dict[str, TensorType] = {}
     for p in plans:

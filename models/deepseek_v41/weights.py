@@ -38,7 +38,11 @@ def _convert(cfg: ModelConfig, stored: Mapping[str, Tensor], num: Numerics) -> d
     out: dict[str, Tensor] = {}
     specs = expected_tensors(cfg)
     for name, spec in specs.items():
-        kind = specs[name.removesuffix(".scale") + ".weight"].kind if spec.kind is TensorKind.SCALE else spec.kind
+        kind = (
+            specs[name.removesuffix(".scale") + ".weight"].kind
+            if spec.kind is TensorKind.SCALE
+            else spec.kind
+        )
         keep = num.stored_weights or kind is TensorKind.FP8_ROWS
         if keep:
             out[name] = stored[name]
@@ -61,7 +65,9 @@ def _stack_experts(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def prepare_weights(cfg: ModelConfig, stored: Mapping[str, Tensor], num: Numerics, token_map: list[int]) -> dict[str, Tensor]:
+def prepare_weights(
+    cfg: ModelConfig, stored: Mapping[str, Tensor], num: Numerics, token_map: list[int]
+) -> dict[str, Tensor]:
     """`stored` is `load_checkpoint(..., weights="stored")`; returns the graph's weight inputs by name."""
     out = _stack_experts(_convert(cfg, stored, num))
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32)

@@ -29,11 +29,13 @@ def _bind(ttype: TensorType, value: torch.Tensor, sizes: dict[str, int], what: s
     found = IR_DTYPES.get(value.dtype, str(value.dtype))
     if found != ttype.dtype or value.dim() != ttype.rank:
         raise ExecutionError(f"{what}: expected {ttype}, got {found}{list(value.shape)}")
-    for axis, (dim, size) in enumerate(zip(ttype.shape, value.shape)):
+    for axis, (dim, size) in enumerate(zip(ttype.shape, value.shape, strict=True)):
         expected = sizes.setdefault(dim, size) if isinstance(dim, str) else dim
         if expected != size:
             name = f"{dim} (axis {axis})" if isinstance(dim, str) else f"axis {axis}"
-            raise ExecutionError(f"{what}: {name} is {size}, expected {expected} ({ttype}, got {list(value.shape)})")
+            raise ExecutionError(
+                f"{what}: {name} is {size}, expected {expected} ({ttype}, got {list(value.shape)})"
+            )
 
 
 def _value(atom: Atom, env: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -55,8 +57,10 @@ def _run_eqn(i: int, eqn: Eqn, rule: Any, env: dict[int, torch.Tensor], sizes: d
         raise ExecutionError(f"{_where(i, eqn)}: {type(exc).__name__}: {exc}") from exc
     results = result if isinstance(result, tuple) else (result,)
     if len(results) != len(eqn.outputs):
-        raise ExecutionError(f"{_where(i, eqn)}: rule returned {len(results)} values for {len(eqn.outputs)} outputs")
-    for out, value in zip(eqn.outputs, results):
+        raise ExecutionError(
+            f"{_where(i, eqn)}: rule returned {len(results)} values for {len(eqn.outputs)} outputs"
+        )
+    for out, value in zip(eqn.outputs, results, strict=True):
         try:
             _bind(out.type, value, sizes, "output")
         except ExecutionError as exc:
@@ -64,7 +68,9 @@ def _run_eqn(i: int, eqn: Eqn, rule: Any, env: dict[int, torch.Tensor], sizes: d
         env[out.id] = value
 
 
-def run_program(program: Program, args: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_program(
+    program: Program, args: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Execute; `args` by input name or in input order. Returns outputs by name."""
     graph: Graph = program.graph
     if isinstance(args, Mapping):
@@ -79,7 +85,7 @@ def run_program(program: Program, args: Mapping[str, torch.Tensor] | Sequence[to
             raise ExecutionError(f"graph {graph.name}: takes {len(graph.inputs)} inputs, got {len(values)}")
     env: dict[int, torch.Tensor] = {}
     sizes: dict[str, int] = {}
-    for var, name, value in zip(graph.inputs, graph.input_names, values):
+    for var, name, value in zip(graph.inputs, graph.input_names, values, strict=True):
         _bind(var.type, value, sizes, f"graph {graph.name}: input {name}")
         env[var.id] = value
     if graph.symbols:
@@ -87,10 +93,12 @@ def run_program(program: Program, args: Mapping[str, torch.Tensor] | Sequence[to
         program = lower(specialize(graph, sizes), program.platform)
     for i, step in enumerate(program.steps):
         _run_eqn(i, step.eqn, step.rule, env, sizes)
-    return {n: _value(a, env) for a, n in zip(graph.outputs, graph.output_names)}
+    return {n: _value(a, env) for a, n in zip(graph.outputs, graph.output_names, strict=True)}
 
 
-def run_graph(graph: Graph, args: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+def run_graph(
+    graph: Graph, args: Mapping[str, torch.Tensor] | Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Lower onto cpu and execute once (tests and tools; sessions keep the lowered program)."""
     return run_program(lower(graph, "cpu"), args)
 

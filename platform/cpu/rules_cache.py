@@ -135,7 +135,9 @@ def _open_groups(
     is_last = real & ~(following_real & (following == seq))
     rows = (is_last & (positions % 2 == 0)).nonzero().squeeze(1)
     closed = (is_last & (positions % 2 == 1)).nonzero().squeeze(1)
-    require_unique("compress", slot[torch.cat((rows, closed))], torch.cat((rows, closed)), "one compressor state slot")
+    require_unique(
+        "compress", slot[torch.cat((rows, closed))], torch.cat((rows, closed)), "one compressor state slot"
+    )
     out = state.clone()
     out[slot[closed]] = 0.0
     out[slot[rows]] = torch.stack((kv[rows], gate[rows]), dim=1)

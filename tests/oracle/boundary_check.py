@@ -26,7 +26,9 @@ _QDQ = {"kv": fp8_g32_qdq, "iq": mxfp4_g32_qdq, "kidx": mxfp4_g32_qdq, "ckv": nv
 class Boundaries:
     ours: dict[tuple[int, str], torch.Tensor]  # our pre-rounding values in NeMo's layout (no batch dim)
     rows: dict[tuple[int, str], list[int]]  # the sequence row of each of those values
-    errors: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # relative input error per value
+    errors: dict[tuple[int, str], torch.Tensor] = field(
+        default_factory=dict
+    )  # relative input error per value
     flips: int = 0  # values whose rounding differs between NeMo's input and ours
 
     def max_error(self, before_row: int | None = None) -> float:
@@ -64,7 +66,9 @@ def substituted_boundaries(model, b: Boundaries) -> Iterator[Boundaries]:  # typ
         key = (current["layer"], kind)
         mine = b.ours[key]
         theirs = x[0].detach()
-        assert mine.shape == theirs.shape, f"layer {key}: ours {tuple(mine.shape)} vs NeMo {tuple(theirs.shape)}"
+        assert mine.shape == theirs.shape, (
+            f"layer {key}: ours {tuple(mine.shape)} vs NeMo {tuple(theirs.shape)}"
+        )
         if not mine.numel():
             return original(x, format=format, block_size=block_size)
         scale = theirs.abs().max().clamp_min(1e-30)
@@ -73,8 +77,11 @@ def substituted_boundaries(model, b: Boundaries) -> Iterator[Boundaries]:  # typ
         b.flips += int((rounded != _QDQ[kind](theirs.flatten(1)).view_as(theirs)).flatten(1).any(-1).sum())
         return rounded.unsqueeze(0).to(x.dtype)
 
+    def enter(layer: int):  # type: ignore[no-untyped-def]
+        return lambda mod, args: current.__setitem__("layer", layer)
+
     hooks = [
-        m.register_forward_pre_hook(lambda mod, args, k=int(n.split(".")[2]): current.__setitem__("layer", k))
+        m.register_forward_pre_hook(enter(int(n.split(".")[2])))
         for n, m in model.named_modules()
         if isinstance(m, nemo_attention.DeepseekV41Attention)
     ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,36 @@ from dsgraph.runtime.step_runner import StepRunner
 
 # A second config: other widths, window, ratios, layer count, experts, heads and Engram layers.
 WIDE: dict[str, Any] = {
-    "hidden_size": 96, "num_attention_heads": 6, "o_groups": 3, "head_dim": 64, "qk_rope_head_dim": 16,
-    "q_lora_rank": 64, "o_lora_rank": 32, "moe_intermediate_size": 64, "n_routed_experts": 6,
-    "num_experts_per_tok": 3, "sliding_window": 5, "num_hidden_layers": 8,
-    "compress_ratios": [0, 0, 2, 2, 2, 1, 1, 1, 0, 0, 0], "kv_source_layer_ids": [2, 5],
-    "index_source_layer_ids": [2, 5, 6], "candidate_source_layer_id": 5, "candidate_block_size": 4,
-    "candidate_topk_blocks": 3, "index_n_heads": 2, "index_head_dim": 64, "index_topk": 4,
-    "engram_layer_ids": [1, 4], "dspark_target_layer_ids": [5, 6, 7],
+    "hidden_size": 96,
+    "num_attention_heads": 6,
+    "o_groups": 3,
+    "head_dim": 64,
+    "qk_rope_head_dim": 16,
+    "q_lora_rank": 64,
+    "o_lora_rank": 32,
+    "moe_intermediate_size": 64,
+    "n_routed_experts": 6,
+    "num_experts_per_tok": 3,
+    "sliding_window": 5,
+    "num_hidden_layers": 8,
+    "compress_ratios": [0, 0, 2, 2, 2, 1, 1, 1, 0, 0, 0],
+    "kv_source_layer_ids": [2, 5],
+    "index_source_layer_ids": [2, 5, 6],
+    "candidate_source_layer_id": 5,
+    "candidate_block_size": 4,
+    "candidate_topk_blocks": 3,
+    "index_n_heads": 2,
+    "index_head_dim": 64,
+    "index_topk": 4,
+    "engram_layer_ids": [1, 4],
+    "dspark_target_layer_ids": [5, 6, 7],
 }
 CONFIGS: dict[str, dict[str, Any]] = {"tiny": {}, "wide": WIDE}
 MAX_MODEL_LEN = 512
 PAGE_SIZE = 16
 
 
-@lru_cache(maxsize=None)
+@cache
 def checkpoint(name: str, root: str) -> Path:
     return make_tiny(Path(root) / name, seed=7, overrides=CONFIGS[name])
 
@@ -45,13 +61,15 @@ def config(model_dir: Path, text_overrides: dict[str, Any] | None) -> ModelConfi
     return parse_config(raw)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _stored(model_dir: Path) -> dict[str, torch.Tensor]:
     cfg = config(model_dir, None)
     return load_checkpoint(model_dir, cfg, progress=False)
 
 
-def runner(model_dir: Path, num: Numerics, text_overrides: dict[str, Any] | None = None, **kw: Any) -> StepRunner:
+def runner(
+    model_dir: Path, num: Numerics, text_overrides: dict[str, Any] | None = None, **kw: Any
+) -> StepRunner:
     cfg = config(model_dir, text_overrides)
     token_map, _ = build_token_map(load_tokenizer(model_dir))
     model = build_model(cfg, token_map, num, default_geometry(cfg.text, MAX_MODEL_LEN, PAGE_SIZE))

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerFast
 
 # NeMo's class default (tilelang attention, hybridep dispatch) is GPU-only; these are its CPU paths.
-_CPU_BACKEND = dict(
+CPU_BACKEND = dict(
     attn="eager",
     linear="torch",
     rms_norm="torch_fp32",
@@ -154,7 +154,7 @@ def load_nemo_model(
         return _MODEL_CACHE[key]  # type: ignore[return-value]
     config = nemo_config(directory, text_overrides)
     tokenizer = nemo_tokenizer(directory, config)
-    model = DeepseekV41ForCausalLM(config, backend=BackendConfig(**_CPU_BACKEND), tokenizer=tokenizer)
+    model = DeepseekV41ForCausalLM(config, backend=BackendConfig(**CPU_BACKEND), tokenizer=tokenizer)
     _load_released_weights(model, directory)
     model.eval()
     _MODEL_CACHE[key] = model
@@ -183,7 +183,7 @@ def load_nemo_dspark(
         return _MODEL_CACHE[key]  # type: ignore[return-value]
     text = nemo_config(directory, text_overrides).text_config
     draft = DeepseekV41DSparkModel(
-        text, backend=BackendConfig(**_CPU_BACKEND), num_anchors=1, enable_confidence_head=True
+        text, backend=BackendConfig(**CPU_BACKEND), num_anchors=1, enable_confidence_head=True
     )
     _load_released_weights(draft, directory)
     draft.eval()

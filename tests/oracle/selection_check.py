@@ -39,10 +39,16 @@ def block_scores(scores: torch.Tensor, block_size: int) -> torch.Tensor:
     return blocks
 
 
-def candidates_tie_equivalent(ours: torch.Tensor, ref: torch.Tensor, scores: torch.Tensor, block_size: int) -> bool:
-    """Candidate masks [E] (bool) that keep the same blocks, or blocks that differ only by tied block scores."""
+def candidates_tie_equivalent(
+    ours: torch.Tensor, ref: torch.Tensor, scores: torch.Tensor, block_size: int
+) -> bool:
+    """Candidate masks [E] (bool) keeping the same blocks, or blocks that differ only by tied scores."""
     blocks = block_scores(scores, block_size)
     kept = lambda mask: {int(i) // block_size for i in torch.nonzero(mask).flatten()}  # noqa: E731
     a, b = kept(ours), kept(ref)
     pad = lambda s: torch.tensor(sorted(s) + [-1] * 0, dtype=torch.long)  # noqa: E731
-    return tie_equivalent(pad(a), pad(b), torch.where(torch.isinf(blocks) & (blocks > 0), torch.finfo(torch.float32).max, blocks))
+    return tie_equivalent(
+        pad(a),
+        pad(b),
+        torch.where(torch.isinf(blocks) & (blocks > 0), torch.finfo(torch.float32).max, blocks),
+    )

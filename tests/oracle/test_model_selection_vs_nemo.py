@@ -11,9 +11,9 @@ pytest.importorskip("nemo_automodel")
 
 from nemo_automodel.components.models.deepseek_v41.attention import _Indexer  # noqa: E402
 
+from dsgraph.models.deepseek_v41.layers_plan import LayerMode  # noqa: E402
 from dsgraph.models.deepseek_v41.numerics import REFERENCE  # noqa: E402
 from tests.oracle import model_fixtures as fx  # noqa: E402
-from dsgraph.models.deepseek_v41.layers_plan import LayerMode  # noqa: E402
 from tests.oracle.boundary_check import INPUT_TOL, Boundaries, ours_in_nemo_layout, substituted_boundaries  # noqa: E402
 from tests.oracle.nemo_ref import load_nemo_model, nemo_logits  # noqa: E402
 from tests.oracle.selection_check import candidates_tie_equivalent, tie_equivalent  # noqa: E402
@@ -48,17 +48,23 @@ def _divergence_at_row(ours: dict[str, torch.Tensor], ref: dict, t: int, block_s
             assert not mine_c[width:].any(), f"row {t} layer {layer}: candidates beyond the sequence"
             mine_c = mine_c[:width]
             if not torch.equal(mine_c, theirs_c):
-                assert candidates_tie_equivalent(mine_c, theirs_c, scores, block_size), f"row {t} layer {layer} candidates"
+                assert candidates_tie_equivalent(mine_c, theirs_c, scores, block_size), (
+                    f"row {t} layer {layer} candidates"
+                )
                 return True
         mine, theirs = ours[f"topk.{layer}"][t], state.topk_indices[0, t]
         if {int(i) for i in mine if i >= 0} != {int(i) for i in theirs if i >= 0}:
-            assert tie_equivalent(mine, theirs, scores), f"row {t} layer {layer}: {mine.tolist()} vs {theirs.tolist()}"
+            assert tie_equivalent(mine, theirs, scores), (
+                f"row {t} layer {layer}: {mine.tolist()} vs {theirs.tolist()}"
+            )
             return True
     return False
 
 
-def _first_divergence(ours: dict[str, torch.Tensor], ref: dict, rows: int, block_size: int) -> tuple[int, int]:  # type: ignore[type-arg]
-    """(first row whose choices differ from NeMo's by a tie, number of restricting row-layers compared before)."""
+def _first_divergence(
+    ours: dict[str, torch.Tensor], ref: dict, rows: int, block_size: int
+) -> tuple[int, int]:  # type: ignore[type-arg]
+    """(first row whose choices differ from NeMo's by a tie, restricting row-layers compared before it)."""
     checked = 0
     for t in range(rows):
         if _divergence_at_row(ours, ref, t, block_size):
@@ -82,8 +88,12 @@ def test_small_topk_selections_and_logits(name: str, tmp_path_factory: pytest.Te
         ratios = {p.index: p.ratio for p in r.model.plans if p.mode is LayerMode.FULL}
         b = ours_in_nemo_layout(r.last_debug, ratios)
         want, selections = _nemo_selections(nemo, ids, b)
-        first, checked = _first_divergence(r.last_debug, selections, len(ids), r.model.cfg.text.candidate_block_size)
-        assert b.max_error(before_row=first) <= INPUT_TOL, f"prompt {seed}: boundary inputs before row {first}"
+        first, checked = _first_divergence(
+            r.last_debug, selections, len(ids), r.model.cfg.text.candidate_block_size
+        )
+        assert b.max_error(before_row=first) <= INPUT_TOL, (
+            f"prompt {seed}: boundary inputs before row {first}"
+        )
         restricted += checked
         compared += first
         if first:

@@ -38,7 +38,9 @@ def _ratios(r) -> dict[int, int]:  # type: ignore[no-untyped-def]
     return {p.index: p.ratio for p in r.model.plans if p.mode is LayerMode.FULL}
 
 
-def nemo_like_ours(model, ids: list[int], debug: dict[str, torch.Tensor], ratios: dict[int, int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def nemo_like_ours(
+    model, ids: list[int], debug: dict[str, torch.Tensor], ratios: dict[int, int]
+) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """NeMo's logits with our rounded values at every cache boundary (after checking its inputs)."""
     with substituted_boundaries(model, ours_in_nemo_layout(debug, ratios)) as b:
         logits = nemo_logits(model, ids)
@@ -73,7 +75,9 @@ def test_decode_40_steps_three_requests_batched(model_dir, nemo_all) -> None:  #
     chunks = [(rid, full[rid][:n]) for rid, n in lengths.items()]
     for step in range(41):
         out = r.step(chunks)
-        for (rid, new), got, dbg in zip(chunks, out, _split_debug(r.last_debug, [len(c) for _, c in chunks])):
+        for (rid, _new), got, dbg in zip(
+            chunks, out, _split_debug(r.last_debug, [len(c) for _, c in chunks]), strict=True
+        ):
             logits[rid].append(got)
             debug[rid].append(dbg)
         chunks = [(rid, [full[rid][n + step]]) for rid, n in lengths.items()] if step < 40 else []

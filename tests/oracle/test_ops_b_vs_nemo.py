@@ -37,19 +37,11 @@ from dsgraph.ops import cache as K  # noqa: E402
 from dsgraph.ops import core as C  # noqa: E402
 from dsgraph.platform.cpu import cache_format as CF  # noqa: E402
 from dsgraph.platform.cpu.interpret import run_graph  # noqa: E402
+from tests.oracle.nemo_ref import CPU_BACKEND  # noqa: E402
 
 T, S = "tokens", "seqs"
 NEG_INF = float("-inf")
-BACKEND = BackendConfig(
-    attn="eager",
-    linear="torch",
-    rms_norm="torch_fp32",
-    rope="torch",
-    rope_fusion=False,
-    experts="torch",
-    dispatcher="torch",
-    gate_precision="float32",
-)
+BACKEND = BackendConfig(**CPU_BACKEND)
 # A second size: wider heads, more index heads, a longer window and larger selections than the tiny config.
 OTHER_SIZE = {
     "hidden_size": 128,

@@ -22,6 +22,7 @@ from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint  # noqa: E
 from dsgraph.models.deepseek_v41.config import load_config  # noqa: E402
 from dsgraph.models.deepseek_v41.tiny import make_tiny  # noqa: E402
 from dsgraph.platform.cpu import quant as q  # noqa: E402
+from tests.oracle.nemo_ref import CPU_BACKEND  # noqa: E402
 
 CACHE_CODECS = [("fp8", 32, q.fp8_g32_qdq), ("mxfp4", 32, q.mxfp4_g32_qdq), ("nvfp4", 16, q.nvfp4_g16_qdq)]
 E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
@@ -138,17 +139,7 @@ def _nemo_models(model_dir: Path) -> tuple[Any, Any]:
     cfg = DeepseekV41Config(
         text_config=raw["text_config"], vision_config=raw["vision_config"], dtype="float32"
     )
-    backend = BackendConfig(
-        attn="eager",
-        linear="torch",
-        rms_norm="torch_fp32",
-        rope="torch",
-        rope_fusion=False,
-        experts="torch",
-        dispatcher="torch",
-        enable_hf_state_dict_adapter=True,
-        gate_precision="float32",
-    )
+    backend = BackendConfig(**CPU_BACKEND)
     model = DeepseekV41ForCausalLM(cfg, backend=backend, tokenizer=tok)
     draft = DeepseekV41DSparkModel(cfg.text_config, num_anchors=2, enable_confidence_head=True)
     return model, draft
@@ -159,10 +150,10 @@ def test_tiny_checkpoint_loads_into_nemo(tiny_dir: Path) -> None:
     cfg = load_config(tiny_dir)
     stored = load_checkpoint(tiny_dir, cfg, progress=False)
     native = model.state_dict_adapter.from_hf(dict(stored))
-    missing, unexpected = model.load_state_dict(native, strict=False)
+    missing, unexpected = model.load_state_dict(native, strict=True)
     assert (missing, unexpected) == ([], [])
     draft_native = draft.state_dict_adapter.from_hf(dict(stored))
-    missing, unexpected = draft.load_state_dict(draft_native, strict=False)
+    missing, unexpected = draft.load_state_dict(draft_native, strict=True)
     assert (missing, unexpected) == ([], [])
     # NeMo's adapter dequantizes to BF16; our loader's BF16 weights must be the same bits.
     ours = load_checkpoint(tiny_dir, cfg, weights="bf16", progress=False)

@@ -31,7 +31,9 @@ def _step(values: list[Any], choice: tuple[int, int, int, int]) -> Any:
     return S.slice_(a, axis=1, start=0, stop=min(width, a.shape[1]))
 
 
-def build(tokens: int, widths: list[int], program: list[tuple[int, int, int, int]], outputs: list[int]) -> Graph:
+def build(
+    tokens: int, widths: list[int], program: list[tuple[int, int, int, int]], outputs: list[int]
+) -> Graph:
     def fn(*xs):  # type: ignore[no-untyped-def]
         values = list(xs)
         for choice in program:

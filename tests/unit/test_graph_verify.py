@@ -58,7 +58,9 @@ def test_wrong_dtype_from_rule_is_reported() -> None:
     wrong = Var(out.id, TensorType(("tokens", 4), "bf16"))
     eqns = (dataclasses.replace(g.eqns[0], outputs=(wrong,)),)
     g2 = dataclasses.replace(g, eqns=eqns, outputs=(wrong,), output_names=("out",))
-    with pytest.raises(VerifyError, match=r"eqn 0 .*add.*wrong output type; the shape rule gives f32\[tokens,4\]"):
+    with pytest.raises(
+        VerifyError, match=r"eqn 0 .*add.*wrong output type; the shape rule gives f32\[tokens,4\]"
+    ):
         verify(g2)
 
 

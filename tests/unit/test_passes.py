@@ -10,13 +10,15 @@ import torch
 from hypothesis import given, settings
 
 from dsgraph.graph import TensorType, Var, make_graph, verify
-from dsgraph.graph.passes import cse, dce, plan_memory, specialize
 from dsgraph.graph.op import ShapeError
+from dsgraph.graph.passes import cse, dce, plan_memory, specialize
 from dsgraph.ops import core as C
 from dsgraph.ops import shape as S
 from dsgraph.platform.cpu.interpret import run_graph
 
-_spec = importlib.util.spec_from_file_location("random_graphs", pathlib.Path(__file__).with_name("random_graphs.py"))
+_spec = importlib.util.spec_from_file_location(
+    "random_graphs", pathlib.Path(__file__).with_name("random_graphs.py")
+)
 rg = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(rg)  # type: ignore[union-attr]
 
@@ -101,5 +103,7 @@ def test_specialize_rejects_sizes_the_rules_reject() -> None:
 
     g = make_graph(f, TensorType(("tokens",), "f32"))
     verify(specialize(g, {"tokens": 4}))
-    with pytest.raises(ShapeError, match=r"specialize \{'tokens': 2\} at unit/test_passes.py:\d+: op slice: .*out of range"):
+    with pytest.raises(
+        ShapeError, match=r"specialize \{'tokens': 2\} at unit/test_passes.py:\d+: op slice: .*out of range"
+    ):
         specialize(g, {"tokens": 2})

@@ -35,7 +35,10 @@ def test_missing_rule_names_op_platform_and_equation() -> None:
     g = make_graph(lambda x: C.sigmoid(C.exp(x)), TensorType((2,), "f32"))
     cpu = get_platform("cpu")
     partial = Platform("partial", {k: v for k, v in cpu.rules.items() if k != "sigmoid"})
-    with pytest.raises(LoweringError, match=r"op 'sigmoid' has no lowering rule on platform 'partial'.*eqn 1 .*registered ops: \["):
+    with pytest.raises(
+        LoweringError,
+        match=r"op 'sigmoid' has no lowering rule on platform 'partial'.*eqn 1 .*registered ops: \[",
+    ):
         lower(g, partial)
     gap = Platform("gappy", partial.rules, unsupported={"sigmoid": "not written yet"})
     with pytest.raises(LoweringError, match=r"\(not written yet\)"):
