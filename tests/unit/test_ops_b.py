@@ -258,7 +258,7 @@ def _compress(
     names = ("latent", "closes", "state")
 
     def fn(*xs):  # type: ignore[no-untyped-def]
-        return dict(zip(names, K.compress(*xs, ratio=ratio), strict=True))
+        return dict(zip(names, K.compress(*xs, ratio=ratio), strict=False))
 
     return run1(fn, types, args)
 

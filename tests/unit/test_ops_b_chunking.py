@@ -95,7 +95,7 @@ def _compress_graph(layer: Layer):  # type: ignore[no-untyped-def]
     types += [tt((T,)), tt((T,)), tt((S,)), tt((S,))]
 
     def compress_step(*xs):  # type: ignore[no-untyped-def]
-        return dict(zip(("latent", "closes", "state"), K.compress(*xs, ratio=layer.ratio), strict=True))
+        return dict(zip(("latent", "closes", "state"), K.compress(*xs, ratio=layer.ratio), strict=False))
 
     return make_graph(compress_step, *types)
 
