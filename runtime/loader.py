@@ -16,7 +16,9 @@ from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.runtime.step_runner import StepRunner
 
 
-def load_runner(model_dir: Path, numerics: str = "serving", max_model_len: int = 1024) -> tuple[StepRunner, Tokenizer]:
+def load_runner(
+    model_dir: Path, numerics: str = "serving", max_model_len: int = 1024
+) -> tuple[StepRunner, Tokenizer]:
     cfg = load_config(model_dir)
     tokenizer = load_tokenizer(model_dir)
     token_map, _ = build_token_map(tokenizer)

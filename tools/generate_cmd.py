@@ -34,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompts_file:
-        prompts += [line.rstrip("\n") for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
+        prompts += [
+            line.rstrip("\n") for line in Path(args.prompts_file).read_text().splitlines() if line.strip()
+        ]
     return prompts or [DEFAULT_PROMPT]
 
 
