@@ -10,12 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsgraph.graph import Graph
-from dsgraph.graph.types import TensorType
-from dsgraph.models.deepseek_v41.model import V41Model, trace_step
+from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.models.deepseek_v41.step_io import ratios
-from dsgraph.platform.cpu.dtypes import to_torch
-from dsgraph.platform.cpu.interpret import run_graph
+from dsgraph.runtime.session import CacheSizes, Session
 
 
 @dataclass
@@ -23,11 +20,6 @@ class Request:
     slot: int
     tokens: list[int] = field(default_factory=list)  # tokens already in the caches
     pages: dict[int, list[int]] = field(default_factory=dict)  # ratio -> physical pages
-
-
-def _zeros(ttype: TensorType, sizes: Mapping[str, int]) -> torch.Tensor:
-    shape = [sizes[d] if isinstance(d, str) else d for d in ttype.shape]
-    return torch.zeros(shape, dtype=to_torch(ttype.dtype))
 
 
 class StepRunner:
@@ -42,14 +34,10 @@ class StepRunner:
         num_pages: int = 64,
         debug: bool = False,
     ) -> None:
-        from dsgraph.models.deepseek_v41.weights import weight_types
-
         self.model = model
-        self.weights = {k: v for k, v in weights.items() if not k.startswith("mtp.")}
-        self.graph: Graph = trace_step(model, weight_types(self.weights), debug=debug)
-        self.last_debug: dict[str, torch.Tensor] = {}
-        sizes = {"slots": num_slots, **{f"blocks{r}": num_pages for r in ratios(model.plans)}}
-        self.caches = {name: _zeros(t, sizes) for name, t in model.cache_types().items()}
+        self.session = Session(
+            model, weights, CacheSizes(num_slots, {r: num_pages for r in ratios(model.plans)}), debug=debug
+        )
         self.free_slots = list(range(num_slots))
         self.free_pages = {r: list(range(num_pages)) for r in ratios(model.plans)}
         self.requests: dict[int, Request] = {}
@@ -95,18 +83,16 @@ class StepRunner:
 
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
         """Run one step over (request id, new token ids) chunks; returns each chunk's logits [len, V]."""
-        step = self.step_inputs(chunks)
-        args = {
-            **{f"weights.{k}": v for k, v in self.weights.items()},
-            **{f"caches.{k}": v for k, v in self.caches.items()},
-            **{f"step.{k}": v for k, v in step.items()},
-        }
-        out = run_graph(self.graph, args)
-        for name in self.caches:
-            if f"caches.{name}" in out:
-                self.caches[name] = out[f"caches.{name}"]
-        self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
+        logits = self.session.run(self.step_inputs(chunks))
         for rid, new in chunks:
             self.requests[rid].tokens += list(new)
         self.steps += 1
-        return list(torch.split(out["logits"], [len(new) for _, new in chunks]))
+        return list(torch.split(logits, [len(new) for _, new in chunks]))
+
+    @property
+    def caches(self) -> dict[str, torch.Tensor]:
+        return self.session.caches
+
+    @property
+    def last_debug(self) -> dict[str, torch.Tensor]:
+        return self.session.last_debug
