@@ -1,7 +1,8 @@
 """The closed op set. Importing this package declares every op (see `dsgraph.graph.op.all_ops`)."""
 
 from dsgraph.graph.op import OpDef, get_op
-from dsgraph.ops import attention, cache, core, engram, mhc, moe, nn, quant, rope, shape  # noqa: F401  (group A1)  # noqa: F401  (group A2)  # noqa: F401  (group B)
+# Importing every op module declares its ops.
+from dsgraph.ops import attention, cache, core, engram, mhc, moe, nn, quant, rope, sampling, shape  # noqa: F401
 
 __all__ = ["core", "nn", "op", "shape"]
 

@@ -11,6 +11,7 @@ from dsgraph.platform.cpu.rules_mhc import RULES as MHC_RULES
 from dsgraph.platform.cpu.rules_moe import RULES as MOE_RULES
 from dsgraph.platform.cpu.rules_quant import RULES as QUANT_RULES
 from dsgraph.platform.cpu.rules_rope import RULES as ROPE_RULES
+from dsgraph.platform.cpu.rules_sampling import RULES as SAMPLING_RULES
 from dsgraph.platform.registry import Platform
 
 PLATFORM = Platform(
@@ -24,5 +25,6 @@ PLATFORM = Platform(
         **ENGRAM_RULES,
         **ATTENTION_RULES,
         **CACHE_RULES,
+        **SAMPLING_RULES,
     },
 )
