@@ -95,7 +95,9 @@ class Session:
 
     def run(self, step: Mapping[str, Array]) -> torch.Tensor:
         """Execute one step (inputs of `V41Model.step_types()` by name); returns logits [outs, vocab]."""
-        tensors = {k: torch.as_tensor(v) for k, v in step.items()}
+        tensors = {
+            k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in step.items()
+        }
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
         out = run_program(self._program(tensors), args)

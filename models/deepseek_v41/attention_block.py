@@ -1,4 +1,8 @@
-"""Attention of one layer in its mode (SWA, Full, Reindex, Reuse), spec 4.5, over the step's caches."""
+"""Attention of one layer in its mode (SWA, Full, Reindex, Reuse), spec 4.5, over the step's caches.
+
+Comments "serving: ..." name a rounding point of `serving` numerics, with its section of
+spec/numerics-nemo-vs-deepinfer.md; in `reference` numerics (act_dtype f32, no act_quant) they are no-ops.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ def _step_args(f: Forward) -> tuple[Tracer, Tracer, Tracer, Tracer]:
 def _swa_kv(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     """The layer's K(=V) of this step: FP8-rounded rope(kv_norm(wkv u)), written to the layer's ring."""
     p = f"layers.{plan.index}.attn."
-    kv = f.norm(f.linear(u, p + "wkv.weight", "f32"), p + "kv_norm.weight")
+    # serving: wkv output, kv_norm output and RoPE output in BF16, FP8 amax over BF16 (1a, 1b, 2a)
+    kv = f.norm(f.linear(u, p + "wkv.weight"), p + "kv_norm.weight")
     kv = f.rope(kv, f.step["positions"], plan.rope_theta, plan.use_yarn)
     f.record(f"kv_pre.{plan.index}", kv)
     kv = op.act_qdq(kv, fmt="fp8_g32")
@@ -45,15 +50,17 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
         f.new_caches[f"comp.{plan.index}"] = new_state
     else:
         latent, closes = op.compress(u32, wkv, positions, seq_ids, seq_slot, seq_start, ratio=plan.ratio)
-    latent = f.norm(latent, p + "compressor.norm.weight")
+    # serving: the pooled latent (ratio 2) or the wkv GEMM output (ratio 1) in BF16 before the norm (3a)
+    latent = f.cast(latent, f.num.act_dtype)
+    latent = f.norm(latent, p + "compressor.norm.weight")  # serving: BF16 norm output (1a, 3a)
     entry_ids = positions if plan.ratio == 1 else positions // plan.ratio
     entry_pos = entry_ids * plan.ratio
-    ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)
+    ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)  # serving: BF16 before NVFP4 (1b, 2c)
+    # serving: BF16-weight wk GEMM with BF16 output, no FP8 input (2d "not quantized"), BF16 k_norm (1a, 2b)
     key = f.norm(
-        op.linear(latent, f.cast(f.w(p + "indexer.wk.weight"), "f32"), out_dtype="f32"),
-        p + "indexer.k_norm.weight",
+        f.linear(latent, p + "indexer.wk.weight", quantized_input=False), p + "indexer.k_norm.weight"
     )
-    key = f.rope(key, entry_pos, plan.rope_theta, plan.use_yarn)
+    key = f.rope(key, entry_pos, plan.rope_theta, plan.use_yarn)  # serving: BF16 before MXFP4 (1b, 2b)
     f.record(f"ckv_pre.{plan.index}", ckv)
     f.record(f"kidx_pre.{plan.index}", key)
     f.record(f"closes.{plan.index}", closes)
@@ -70,13 +77,16 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     """An index layer: score visible entries of its KV source, restrict to candidates, take top-k."""
     p, t = f"layers.{plan.index}.attn.indexer.", f.text
     positions, seq_ids = f.step["positions"], f.step["seq_ids"]
-    q = op.reshape(f.linear(c, p + "wq_b.weight", "f32"), shape=("tokens", t.index_n_heads, t.index_head_dim))
+    # serving: indexer wq_b output and its RoPE output in BF16 before MXFP4 (1b, 2b; fused RoPE reads BF16)
+    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=("tokens", t.index_n_heads, t.index_head_dim))
     q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
     f.record(f"iq_pre.{plan.index}", q)
     q = op.act_qdq(q, fmt="mxfp4_g32")
-    w = f.linear(u, p + "weights_proj.weight", "f32", quantized_input=False)
+    # serving: head weights = the weights_proj output rounded to BF16 (3b `.bfloat16()`), read as f32
+    w = f.cast(f.linear(u, p + "weights_proj.weight", quantized_input=False), "f32")
     if f.num.scale_index_weights:
         w = w * float((t.index_head_dim * t.index_n_heads) ** -0.5)
+    f.record(f"index_w.{plan.index}", w)
     keys = f.cache(f"kidx.{plan.kv_source}")
     table = f.step[f"block_table_r{plan.ratio}"]
     scores = op.index_scores(q, w, keys, table, positions, seq_ids, ratio=plan.ratio)
@@ -100,8 +110,11 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:
     grouped = op.reshape(o, shape=("tokens", t.o_groups, per_group))
     name = p + "wo_a.weight"
     scale = f.weights.get(p + "wo_a.scale")
+    # serving: the wo_a einsum writes wo_b's FP8 input from its f32 accumulator, no BF16 first (2d)
+    fp8_out = f.num.act_quant != "none" and p + "wo_b.scale" in f.weights
+    out_dtype = "f32" if fp8_out else f.num.act_dtype
     if scale is None:
-        z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=f.num.act_dtype)
+        z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=out_dtype)
     else:
         z = op.grouped_linear(
             grouped,
@@ -109,9 +122,12 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:
             scale,
             weight_format="fp8_block32",
             act_quant=f.num.act_quant,
-            out_dtype=f.num.act_dtype,
+            out_dtype=out_dtype,
         )
-    return f.linear(op.reshape(z, shape=("tokens", t.o_groups * t.o_lora_rank)), p + "wo_b.weight")
+    z = op.reshape(z, shape=("tokens", t.o_groups * t.o_lora_rank))
+    if fp8_out:
+        z = op.act_qdq(z, fmt=f.num.act_quant)
+    return f.linear(z, p + "wo_b.weight", quantized_input=not fp8_out)
 
 
 def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:

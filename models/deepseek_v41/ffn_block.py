@@ -1,4 +1,8 @@
-"""The MoE of one layer (spec 4.6) and the Engram residual (spec 4.3)."""
+"""The MoE of one layer (spec 4.6) and the Engram residual (spec 4.3).
+
+Comments "serving: ..." name a rounding point of `serving` numerics, with its section of
+spec/numerics-nemo-vs-deepinfer.md; in `reference` numerics (act_dtype f32, no act_quant) they are no-ops.
+"""
 
 from __future__ import annotations
 
@@ -31,11 +35,12 @@ def moe(f: Forward, layer: int, u: Tracer, *, prefix: str | None = None) -> Trac
         u, ids, weights, *operands, swiglu_limit=float(t.swiglu_limit), out_dtype="f32", **fmt
     )
     sp = p + "ffn.shared_experts."
-    g = f.linear(u, sp + "w1.weight", "f32")
-    v = f.linear(u, sp + "w3.weight", "f32")
-    act = op.swiglu(g, v, limit=float(t.swiglu_limit), out_dtype=f.num.act_dtype)
-    shared = f.linear(act, sp + "w2.weight", "f32")
-    return f.cast(routed + shared, f.num.act_dtype)
+    g = f.linear(u, sp + "w1.weight")  # serving: BF16 gate/up GEMM outputs (5b)
+    v = f.linear(u, sp + "w3.weight")
+    # serving: no BF16 SwiGLU output; the fused swiglu+cast writes w2's FP8 input from f32 (2d, 5b)
+    act = op.swiglu(g, v, limit=float(t.swiglu_limit), out_dtype="f32")
+    shared = f.linear(act, sp + "w2.weight")  # serving: BF16 down output, added to the routed sum (5b)
+    return f.cast(routed + f.cast(shared, "f32"), f.num.act_dtype)
 
 
 def engram(f: Forward, layer: int, table: EngramLayerHash, x: Tracer) -> Tracer:

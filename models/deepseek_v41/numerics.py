@@ -6,6 +6,12 @@ dequantized FP32 weights, no quantization of GEMM inputs, NVFP4 values by true d
 stored FP8/FP4 formats, dynamic FP8 E4M3 (UE8M0, groups of 32) quantization of every FP8/FP4-weight
 GEMM input, NVFP4 values by multiplying with the reciprocal scale, and no 1/sqrt scaling of the indexer
 head weights (it does not change rankings). The cache-format value boundaries hold in both modes.
+
+`serving` rounds to BF16 where DeepInfer holds BF16 values: GEMM outputs (also wkv, the indexer's wq_b, wk
+and weights_proj, the shared expert's w1/w3/w2), norm and RoPE outputs (also on the SWA KV, compressed KV and
+index paths, so their FP8/FP4 scales come from BF16 values) and the compressor latent. Where DeepInfer's
+kernel writes FP8 straight from its f32 accumulator (the wo_a einsum, swiglu+cast) there is no BF16 step.
+Not yet: the routed experts' BF16 gate/up and down outputs, which live inside the `moe_experts` op.
 """
 
 from __future__ import annotations

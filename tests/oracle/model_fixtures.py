@@ -46,13 +46,16 @@ WIDE: dict[str, Any] = {
     "dspark_target_layer_ids": [5, 6, 7],
 }
 CONFIGS: dict[str, dict[str, Any]] = {"tiny": {}, "wide": WIDE}
+# the tiny model with top-k and candidate limits that select everything (no tie-broken selections)
+SELECT_ALL_TINY: dict[str, Any] = {"index_topk": 256, "candidate_topk_blocks": 256}
 MAX_MODEL_LEN = 512
 PAGE_SIZE = 16
 
 
 @cache
 def checkpoint(name: str, root: str) -> Path:
-    return make_tiny(Path(root) / name, seed=7, overrides=CONFIGS[name])
+    overrides = SELECT_ALL_TINY if name == "tiny_select_all" else CONFIGS[name]
+    return make_tiny(Path(root) / name, seed=7, overrides=overrides)
 
 
 def config(model_dir: Path, text_overrides: dict[str, Any] | None) -> ModelConfig:
