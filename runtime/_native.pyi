@@ -1,8 +1,9 @@
 """
-dsgraph's C++ runtime: bucket table now; scheduler and cache managers later.
+dsgraph's C++ runtime: bucket table, cache managers, prefix cache and the step scheduler.
 """
 
 from collections.abc import Sequence
+import enum
 from typing import Annotated
 
 import numpy
@@ -38,3 +39,400 @@ def pad_rows(n: int, bucket: int) -> int:
     """
     Padding rows that fill a bucket holding n real rows; ValueError unless 0 <= n <= bucket.
     """
+
+class SlotPool:
+    """State slots (SWA rings + compressor state), one owner each."""
+
+    def __init__(self, num_slots: int) -> None: ...
+
+    def allocate(self) -> int | None:
+        """A free slot (least recently released first), or None."""
+
+    def release(self, slot: int) -> None:
+        """Frees a slot; ValueError when it is not in use."""
+
+    def is_used(self, slot: int) -> bool: ...
+
+    @property
+    def num_total(self) -> int: ...
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_used(self) -> int: ...
+
+class PagePool:
+    """Pages of one ratio's paged caches, with reference counts."""
+
+    def __init__(self, num_pages: int) -> None: ...
+
+    def allocate(self) -> int | None:
+        """A free page with reference count 1, or None."""
+
+    def retain(self, page: int) -> None:
+        """Adds a reference; ValueError for a free page."""
+
+    def release(self, page: int) -> bool:
+        """
+        Drops a reference; True when the count reached 0 and the page is free again.
+        """
+
+    def refcount(self, page: int) -> int: ...
+
+    @property
+    def num_total(self) -> int: ...
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_used(self) -> int: ...
+
+class PrefixCache:
+    """
+    Per-ratio page pools with hash-chained prompt pages and an LRU of idle ones.
+    """
+
+    def __init__(self, page_size: int, ratios: Sequence[int], num_pages: Sequence[int]) -> None: ...
+
+    def allocate(self, ratio: int) -> int | None:
+        """
+        A free page, else an evicted idle cached page; None when neither exists.
+        """
+
+    def release(self, ratio: int, page: int) -> None: ...
+
+    def refcount(self, ratio: int, page: int) -> int: ...
+
+    def num_free(self, ratio: int) -> int: ...
+
+    def num_available(self, ratio: int) -> int: ...
+
+    def num_cached(self, ratio: int) -> int: ...
+
+    def num_idle(self, ratio: int) -> int: ...
+
+    def num_evicted(self, ratio: int) -> int:
+        """Idle cached pages evicted so far to serve allocations."""
+
+    def is_cached(self, ratio: int, page: int) -> bool: ...
+
+    def cached_pages(self, ratio: int) -> list[int]: ...
+
+    def match(self, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> int:
+        """
+        Tokens of the longest prefix cached for every ratio (a multiple of grain).
+        """
+
+    def acquire(self, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], hit: int) -> list[list[int]]:
+        """
+        Adds a user to the pages of the first `hit` tokens; returns them per ratio (ascending ratios).
+        """
+
+    def count_lookup(self, lookup: int, hit: int) -> None: ...
+
+    def insert(self, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], ratio: int, index: int, page: int) -> bool:
+        """
+        Caches `page` as page `index` of the prompt's chain; False when that prefix or page is cached.
+        """
+
+    @property
+    def grain(self) -> int: ...
+
+    @property
+    def lookup_tokens(self) -> int: ...
+
+    @property
+    def hit_tokens(self) -> int: ...
+
+def hash_chain(tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], tokens_per_page: int) -> Annotated[NDArray[numpy.uint64], dict(shape=(None,))]:
+    """Chain keys of the full pages of `tokens` (uint64)."""
+
+class StepPlan:
+    """
+    One step's model inputs (flat-batch layout, rows padded to a bucket) and bookkeeping.
+    """
+
+    @property
+    def step(self) -> int:
+        """1 for a scheduler's first plan."""
+
+    @property
+    def bucket(self) -> int:
+        """Padded row count; 0 for an empty plan (nothing to run)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Real rows: the leading rows of every row array."""
+
+    @property
+    def num_decode(self) -> int:
+        """Leading sequences that are single decode rows."""
+
+    @property
+    def num_seqs(self) -> int: ...
+
+    @property
+    def ratios(self) -> list[int]:
+        """Ratios with a block table, ascending."""
+
+    @property
+    def token_ids(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[bucket] int32; padding rows 0."""
+
+    @property
+    def positions(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[bucket] int32; padding rows 0."""
+
+    @property
+    def seq_ids(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[bucket] int32; padding rows -1."""
+
+    @property
+    def is_replay(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """
+        [bucket] int32: 1 where a row recomputes entries a prefix hit holds; its compressed-cache writes must be skipped.
+        """
+
+    @property
+    def seq_slot(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[seqs] int32 state slot."""
+
+    @property
+    def seq_start(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[seqs] int32 first position."""
+
+    @property
+    def seq_end(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[seqs] int32 one past the last position."""
+
+    @property
+    def seq_rids(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
+        """[seqs] int64 request ids."""
+
+    @property
+    def sample_rows(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[outs] int32 rows to sample."""
+
+    @property
+    def sample_rids(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
+        """[outs] int64 their request ids."""
+
+    @property
+    def preempted(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
+        """int64 ids of requests preempted while planning this step."""
+
+    @property
+    def lookback(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None, None), writable=False)]:
+        """
+        [seqs, lookback_len] int32, most recent token first, -1 before position 0.
+        """
+
+    def block_table(self, ratio: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None, None), writable=False)]:
+        """
+        [seqs, pages_per_seq(ratio)] int32 pages of the ratio's caches, -1 = unallocated.
+        """
+
+class EngineType(enum.Enum):
+    """
+    NORMAL: prefill and decode; PROMPT: prefill only; COMPLETION: decode only.
+    """
+
+    NORMAL = 0
+
+    PROMPT = 1
+
+    COMPLETION = 2
+
+class SchedulerConfig:
+    """Scheduler settings; runtime/scheduler.py builds it."""
+
+    def __init__(self) -> None: ...
+
+    @property
+    def engine_type(self) -> EngineType: ...
+
+    @engine_type.setter
+    def engine_type(self, arg: EngineType, /) -> None: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @max_num_seqs.setter
+    def max_num_seqs(self, arg: int, /) -> None: ...
+
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+
+    @max_num_batched_tokens.setter
+    def max_num_batched_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @max_model_len.setter
+    def max_model_len(self, arg: int, /) -> None: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @page_size.setter
+    def page_size(self, arg: int, /) -> None: ...
+
+    @property
+    def ratios(self) -> list[int]: ...
+
+    @ratios.setter
+    def ratios(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def num_pages(self) -> list[int]: ...
+
+    @num_pages.setter
+    def num_pages(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def num_slots(self) -> int: ...
+
+    @num_slots.setter
+    def num_slots(self, arg: int, /) -> None: ...
+
+    @property
+    def buckets(self) -> list[int]: ...
+
+    @buckets.setter
+    def buckets(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def lookback_len(self) -> int: ...
+
+    @lookback_len.setter
+    def lookback_len(self, arg: int, /) -> None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @vocab_size.setter
+    def vocab_size(self, arg: int, /) -> None: ...
+
+    @property
+    def enable_prefix_cache(self) -> bool: ...
+
+    @enable_prefix_cache.setter
+    def enable_prefix_cache(self, arg: bool, /) -> None: ...
+
+    @property
+    def replay_tokens(self) -> int: ...
+
+    @replay_tokens.setter
+    def replay_tokens(self, arg: int, /) -> None: ...
+
+class Allocation:
+    """A request's state slot and pages, holding its first num_cached tokens."""
+
+    @property
+    def rid(self) -> int: ...
+
+    @property
+    def slot(self) -> int: ...
+
+    @property
+    def pages(self) -> list[list[int]]:
+        """Pages per ratio (ascending ratios), in sequence order."""
+
+    @property
+    def num_cached(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt then output tokens."""
+
+class Scheduler:
+    """Continuous-batching step scheduler (see runtime/csrc/scheduler.h)."""
+
+    def __init__(self, config: SchedulerConfig) -> None: ...
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> None:
+        """
+        Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...).
+        """
+
+    def add_prefilled(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], output: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> Allocation:
+        """
+        Admit a request whose caches (all tokens but the newest) are filled elsewhere; returns where to fill them. RuntimeError when there is no room (see can_add_prefilled).
+        """
+
+    def can_add_prefilled(self, num_tokens: int) -> bool: ...
+
+    def abort(self, rid: int) -> bool:
+        """Finish with reason 'abort' (reported by the next update())."""
+
+    def preempt(self, rid: int) -> bool:
+        """Preempt a request holding a slot now (recompute later)."""
+
+    def schedule(self) -> StepPlan:
+        """Plan the next step (one call per step, then update())."""
+
+    def update(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[tuple[int, int, bool, str | None]]:
+        """
+        Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per sampled row, after pending aborts (token -1).
+        """
+
+    def allocation(self, rid: int) -> Allocation: ...
+
+    def handoff(self, rid: int) -> Allocation:
+        """A PROMPT engine's finished request: its slot and pages."""
+
+    def release_handoff(self, rid: int) -> None: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_handoff(self) -> int: ...
+
+    @property
+    def num_requests(self) -> int: ...
+
+    @property
+    def has_unfinished(self) -> bool: ...
+
+    @property
+    def num_preemptions(self) -> int: ...
+
+    @property
+    def num_replayed_tokens(self) -> int: ...
+
+    @property
+    def prefix_lookup_tokens(self) -> int: ...
+
+    @property
+    def prefix_hit_tokens(self) -> int: ...
+
+    @property
+    def num_free_slots(self) -> int: ...
+
+    def num_free_pages(self, ratio: int) -> int: ...
+
+    def num_used_pages(self, ratio: int) -> int:
+        """Pages with a reference: held by requests or by the prefix cache."""
+
+    def num_cached_pages(self, ratio: int) -> int: ...
+
+    def num_idle_pages(self, ratio: int) -> int:
+        """Cached pages no request uses (evictable)."""
+
+    def num_evicted_pages(self, ratio: int) -> int:
+        """Idle cached pages evicted so far to serve allocations."""
+
+    def cached_pages(self, ratio: int) -> list[int]: ...
+
+    def page_refcounts(self, ratio: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]:
+        """Reference count of every page of the ratio (a copy)."""

@@ -64,6 +64,7 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
     prompt_logprobs: tuple[float | None, ...] | None = None
+    error: str | None = None  # a rejected request: the message names the bad field; `outputs` is empty
 
     def __post_init__(self) -> None:
         if self.prompt_logprobs is not None and len(self.prompt_logprobs) != len(self.prompt_token_ids):
@@ -74,4 +75,4 @@ class RequestOutput:
 
     @property
     def finished(self) -> bool:
-        return bool(self.outputs) and all(o.finished for o in self.outputs)
+        return self.error is not None or (bool(self.outputs) and all(o.finished for o in self.outputs))

@@ -79,6 +79,7 @@ class StepRunner:
         for r, rows in tables.items():
             out[f"block_table_r{r}"] = torch.tensor(rows, dtype=torch.int32)
         out["sample_rows"] = torch.arange(len(cols["token_ids"]), dtype=torch.int32)
+        out["is_replay"] = torch.zeros(len(cols["token_ids"]), dtype=torch.int32)
         return out
 
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:

@@ -1,10 +1,11 @@
-"""`dsgraph generate`: greedy generation on a model directory, or on the embedded tiny random model."""
+"""`dsgraph generate`: generate text with the offline API, on a model directory or the embedded tiny model."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_PROMPT = "w1 W2 w3 w4"
@@ -21,43 +22,75 @@ def default_model_dir() -> Path:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate text greedily (embedded tiny random model without --model)")
+    p = sub.add_parser("generate", help="generate text (the embedded tiny random model without --model)")
     p.add_argument("--model", help="model directory (config.json, tokenizer.json, safetensors)")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--prompts-file", help="a file with one prompt per line")
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=8)
     p.set_defaults(func=main)
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompts_file:
-        prompts += [
-            line.rstrip("\n") for line in Path(args.prompts_file).read_text().splitlines() if line.strip()
-        ]
+        prompts += [line for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
     return prompts or [DEFAULT_PROMPT]
 
 
 def main(args: argparse.Namespace) -> int:
-    from dsgraph.runtime.generate import greedy_generate
-    from dsgraph.runtime.loader import load_runner
+    from tqdm import tqdm
 
-    if args.max_tokens < 1:
-        raise SystemExit(f"--max-tokens: {args.max_tokens} must be >= 1")
-    model_dir = Path(args.model) if args.model else default_model_dir()
+    from dsgraph.runtime.llm import LLM
+    from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+
     if not args.model:
-        print(f"no --model given: using the embedded tiny model at {model_dir} (its weights are random)")
-    runner, tokenizer = load_runner(model_dir, args.numerics, args.max_model_len)
-    prompts = _prompts(args)
-    ids = [tokenizer.encode(p).ids for p in prompts]
+        where = default_model_dir()
+        print(f"no --model given: using the embedded tiny model at {where} (its weights are random)")
     try:
-        gens, stats = greedy_generate(runner, ids, args.max_tokens, runner.model.cfg.eos_token_id)
-    except ValueError as exc:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+        )
+        llm = LLM(
+            args.model,
+            numerics=args.numerics,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+        )
+        params.validate(llm.engine.cfg.text.vocab_size)
+    except (RequestError, ValueError) as exc:
         print(f"dsgraph generate: {exc}", file=sys.stderr)
         return 2
-    for prompt, gen in zip(prompts, gens, strict=True):
-        print(f"prompt: {prompt!r}\noutput: {tokenizer.decode(gen.token_ids)!r} ({gen.finish_reason})")
-    print(stats.line())
-    return 0
+    prompts = _prompts(args)
+    start, generated, finals = time.perf_counter(), 0, {}
+    bar = tqdm(total=len(prompts) * args.max_tokens, unit="tok", disable=not sys.stderr.isatty())
+    for index, _text, out in llm.stream(prompts, params):
+        finals[index] = out
+        generated += 1 if out.error is None else 0
+        bar.update(1)
+    bar.close()
+    seconds = time.perf_counter() - start
+    for i, prompt in enumerate(prompts):
+        out = finals[i]
+        shown = (
+            f"error: {out.error}"
+            if out.error
+            else f"{out.outputs[0].text!r} ({out.outputs[0].finish_reason})"
+        )
+        print(f"prompt: {prompt!r}\noutput: {shown}")
+    prompt_tokens = sum(len(finals[i].prompt_token_ids) for i in range(len(prompts)))
+    print(
+        f"{generated} tokens generated for {prompt_tokens} prompt tokens in {seconds:.2f} s "
+        f"({generated / seconds:.1f} tokens/s)"
+    )
+    return 0 if all(f.error is None for f in finals.values()) else 2

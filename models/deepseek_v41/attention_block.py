@@ -64,13 +64,17 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     f.record(f"ckv_pre.{plan.index}", ckv)
     f.record(f"kidx_pre.{plan.index}", key)
     f.record(f"closes.{plan.index}", closes)
+    # Rows replayed after a prefix-cache hit recompute entries that shared cached pages already hold:
+    # they must not write them (their SWA context may be truncated, so their values can differ).
+    fresh = op.equal(f.step["is_replay"], 0)
+    writes = op.where(closes, fresh, closes)  # closes and not replayed
     table = f.step[f"block_table_r{plan.ratio}"]
     for name, value, fmt in (
         (f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt),
         (f"kidx.{plan.index}", key, "mxfp4_g32"),
     ):
         entries = op.cache_encode(value, fmt=fmt)
-        f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, closes, seq_ids, table)
+        f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, writes, seq_ids, table)
 
 
 def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:

@@ -56,6 +56,7 @@ def step_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeometr
         "seq_end": TensorType(("seqs",), i32),
         "lookback": TensorType(("seqs", text.engram_max_ngram_size - 1), i32),
         "sample_rows": TensorType(("outs",), i32),
+        "is_replay": TensorType(("tokens",), i32),  # 1: a row recomputed after a prefix-cache hit
     }
     for r in ratios(plans):
         types[f"block_table_r{r}"] = TensorType(("seqs", geo.pages_per_seq(r)), i32)

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "bindings.h"
 #include "buckets.h"
 
 #ifndef DSGRAPH_VERSION
@@ -55,9 +56,12 @@ void bind_buckets(nb::module_ &m) {
 }  // namespace
 
 NB_MODULE(_native, m) {
-    m.doc() = "dsgraph's C++ runtime: bucket table now; scheduler and cache managers later.";
+    m.doc() = "dsgraph's C++ runtime: bucket table, cache managers, prefix cache and the step scheduler.";
     m.def(
         "version", []() { return DSGRAPH_VERSION; },
         "The dsgraph package version this module was built for.");
     bind_buckets(m);
+    dsgraph::bind::bind_caches(m);
+    dsgraph::bind::bind_step_plan(m);
+    dsgraph::bind::bind_scheduler(m);
 }

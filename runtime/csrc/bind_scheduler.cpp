@@ -1,0 +1,179 @@
+// Bindings of the scheduler: EngineType, SchedulerConfig, Allocation and
+// Scheduler. schedule() and update() run without the GIL; Python addresses
+// ratios by value.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "bindings.h"
+#include "scheduler.h"
+
+namespace dsgraph::bind {
+namespace {
+
+using namespace nb::literals;
+using Event = std::tuple<int64_t, int32_t, bool, std::optional<std::string>>;
+
+size_t ratio_index(const Scheduler &s, int32_t ratio) {
+    const std::vector<int32_t> &ratios = s.config().ratios;
+    for (size_t i = 0; i < ratios.size(); ++i) {
+        if (ratios[i] == ratio) {
+            return i;
+        }
+    }
+    throw std::invalid_argument("Scheduler: ratio " + std::to_string(ratio) + " has no paged cache");
+}
+
+StopParams stop_params(int32_t max_tokens, int32_t eos_id, bool ignore_eos, std::vector<int32_t> stop_ids) {
+    return StopParams{max_tokens, eos_id, ignore_eos, std::move(stop_ids)};
+}
+
+std::vector<Event> update(Scheduler &s, const TokensIn &sampled) {
+    std::vector<StepEvent> events;
+    {
+        nb::gil_scoped_release release;
+        events = s.update(span_of(sampled));
+    }
+    std::vector<Event> out;
+    for (StepEvent &e : events) {
+        std::optional<std::string> reason;
+        if (e.finished) {
+            reason = std::move(e.reason);
+        }
+        out.emplace_back(e.rid, e.token, e.finished, std::move(reason));
+    }
+    return out;
+}
+
+void bind_config(nb::module_ &m) {
+    nb::enum_<EngineType>(m, "EngineType",
+                          "NORMAL: prefill and decode; PROMPT: prefill only; COMPLETION: decode only.")
+        .value("NORMAL", EngineType::kNormal)
+        .value("PROMPT", EngineType::kPrompt)
+        .value("COMPLETION", EngineType::kCompletion);
+    nb::class_<SchedulerConfig>(m, "SchedulerConfig", "Scheduler settings; runtime/scheduler.py builds it.")
+        .def(nb::init<>())
+        .def_rw("engine_type", &SchedulerConfig::engine_type)
+        .def_rw("max_num_seqs", &SchedulerConfig::max_num_seqs)
+        .def_rw("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
+        .def_rw("max_model_len", &SchedulerConfig::max_model_len)
+        .def_rw("page_size", &SchedulerConfig::page_size)
+        .def_rw("ratios", &SchedulerConfig::ratios)
+        .def_rw("num_pages", &SchedulerConfig::num_pages)
+        .def_rw("num_slots", &SchedulerConfig::num_slots)
+        .def_rw("buckets", &SchedulerConfig::buckets)
+        .def_rw("lookback_len", &SchedulerConfig::lookback_len)
+        .def_rw("vocab_size", &SchedulerConfig::vocab_size)
+        .def_rw("enable_prefix_cache", &SchedulerConfig::enable_prefix_cache)
+        .def_rw("replay_tokens", &SchedulerConfig::replay_tokens);
+    nb::class_<Allocation>(m, "Allocation",
+                           "A request's state slot and pages, holding its first num_cached tokens.")
+        .def_ro("rid", &Allocation::rid)
+        .def_ro("slot", &Allocation::slot)
+        .def_ro("pages", &Allocation::pages, "Pages per ratio (ascending ratios), in sequence order.")
+        .def_ro("num_cached", &Allocation::num_cached)
+        .def_ro("tokens", &Allocation::tokens, "Prompt then output tokens.");
+}
+
+void bind_requests(nb::class_<Scheduler> &c) {
+    c.def(
+         "add_request",
+         [](Scheduler &s, int64_t rid, const TokensIn &prompt, int32_t max_tokens, int32_t eos_id,
+            bool ignore_eos, std::vector<int32_t> stop_token_ids) {
+             s.add_request(rid, span_of(prompt),
+                           stop_params(max_tokens, eos_id, ignore_eos, std::move(stop_token_ids)));
+         },
+         "rid"_a, "prompt"_a.noconvert(), "max_tokens"_a, "eos_id"_a = -1, "ignore_eos"_a = false,
+         "stop_token_ids"_a = std::vector<int32_t>(),
+         "Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, "
+         "...).")
+        .def(
+            "add_prefilled",
+            [](Scheduler &s, int64_t rid, const TokensIn &prompt, const TokensIn &output, int32_t max_tokens,
+               int32_t eos_id, bool ignore_eos, std::vector<int32_t> stop_token_ids) {
+                return s.add_prefilled(
+                    rid, span_of(prompt), span_of(output),
+                    stop_params(max_tokens, eos_id, ignore_eos, std::move(stop_token_ids)));
+            },
+            "rid"_a, "prompt"_a.noconvert(), "output"_a.noconvert(), "max_tokens"_a, "eos_id"_a = -1,
+            "ignore_eos"_a = false, "stop_token_ids"_a = std::vector<int32_t>(),
+            "Admit a request whose caches (all tokens but the newest) are filled elsewhere; returns where to "
+            "fill "
+            "them. RuntimeError when there is no room (see can_add_prefilled).")
+        .def("can_add_prefilled", &Scheduler::can_add_prefilled, "num_tokens"_a)
+        .def("abort", &Scheduler::abort, "rid"_a,
+             "Finish with reason 'abort' (reported by the next update()).")
+        .def("preempt", &Scheduler::preempt, "rid"_a,
+             "Preempt a request holding a slot now (recompute later).")
+        .def("schedule", &Scheduler::schedule, nb::call_guard<nb::gil_scoped_release>(),
+             "Plan the next step (one call per step, then update()).")
+        .def(
+            "update", &update, "sampled"_a.noconvert(),
+            "Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per "
+            "sampled row, after pending aborts (token -1).")
+        .def("allocation", &Scheduler::allocation, "rid"_a)
+        .def("handoff", &Scheduler::handoff, "rid"_a,
+             "A PROMPT engine's finished request: its slot and pages.")
+        .def("release_handoff", &Scheduler::release_handoff, "rid"_a);
+}
+
+void bind_stats(nb::class_<Scheduler> &c) {
+    c.def_prop_ro("num_waiting", &Scheduler::num_waiting)
+        .def_prop_ro("num_running", &Scheduler::num_running)
+        .def_prop_ro("num_handoff", &Scheduler::num_handoff)
+        .def_prop_ro("num_requests", &Scheduler::num_requests)
+        .def_prop_ro("has_unfinished", &Scheduler::has_unfinished)
+        .def_prop_ro("num_preemptions", &Scheduler::num_preemptions)
+        .def_prop_ro("num_replayed_tokens", &Scheduler::num_replayed_tokens)
+        .def_prop_ro("prefix_lookup_tokens", [](const Scheduler &s) { return s.cache().lookup_tokens(); })
+        .def_prop_ro("prefix_hit_tokens", [](const Scheduler &s) { return s.cache().hit_tokens(); })
+        .def_prop_ro("num_free_slots", [](const Scheduler &s) { return s.slots().num_free(); })
+        .def(
+            "num_free_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().pool(ratio_index(s, r)).num_free(); },
+            "ratio"_a)
+        .def(
+            "num_used_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().pool(ratio_index(s, r)).num_used(); },
+            "ratio"_a, "Pages with a reference: held by requests or by the prefix cache.")
+        .def(
+            "num_cached_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().num_cached(ratio_index(s, r)); }, "ratio"_a)
+        .def(
+            "num_idle_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().num_idle(ratio_index(s, r)); }, "ratio"_a,
+            "Cached pages no request uses (evictable).")
+        .def(
+            "num_evicted_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().num_evicted(ratio_index(s, r)); }, "ratio"_a,
+            "Idle cached pages evicted so far to serve allocations.")
+        .def(
+            "cached_pages",
+            [](const Scheduler &s, int32_t r) { return s.cache().cached_pages(ratio_index(s, r)); },
+            "ratio"_a)
+        .def(
+            "page_refcounts",
+            [](const Scheduler &s, int32_t r) {
+                return to_numpy(s.cache().pool(ratio_index(s, r)).refcounts());
+            },
+            "ratio"_a, "Reference count of every page of the ratio (a copy).");
+}
+
+}  // namespace
+
+void bind_scheduler(nb::module_ &m) {
+    bind_config(m);
+    nb::class_<Scheduler> c(m, "Scheduler",
+                            "Continuous-batching step scheduler (see runtime/csrc/scheduler.h).");
+    c.def(nb::init<SchedulerConfig>(), "config"_a).def_prop_ro("config", &Scheduler::config);
+    bind_requests(c);
+    bind_stats(c);
+}
+
+}  // namespace dsgraph::bind

@@ -1,0 +1,45 @@
+// One request's state inside the scheduler: its tokens (prompt then outputs),
+// how many of them are in the caches, the slot and pages it holds, and its stop
+// conditions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "prefix_cache.h"
+
+namespace dsgraph {
+
+struct StopParams {
+    int32_t max_tokens = 1;
+    int32_t eos_id = -1;  // -1: no end-of-sequence token
+    bool ignore_eos = false;
+    std::vector<int32_t> stop_token_ids;
+};
+
+struct Request {
+    int64_t rid = 0;
+    uint64_t serial = 0;  // unique per add: tells a request from a later one reusing its rid
+    std::vector<int32_t> tokens;
+    int32_t prompt_len = 0;
+    StopParams stop;
+
+    int32_t num_computed = 0;  // leading tokens whose cache entries exist
+    int32_t replay_end = 0;    // positions below it recompute entries already cached (prefix hit)
+    int32_t slot = -1;         // -1 while not admitted
+    uint64_t admitted_at = 0;  // admission order; the preemption victim is the largest
+    uint64_t planned_in = 0;   // the step whose plan holds this request (0: none)
+    std::vector<std::vector<int32_t>> pages;  // per ratio, in sequence order
+    Chains chain;                             // per ratio: keys of the prompt's full pages
+    std::vector<int32_t> num_settled;         // per ratio: leading pages already offered to the cache
+    bool handed_off = false;                  // PROMPT engine: done, caches held for hand-off
+
+    bool admitted() const { return slot >= 0; }
+    int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
+    int32_t num_outputs() const { return num_tokens() - prompt_len; }
+    // Admitted and every token but the newest is cached: the next row is a decode row.
+    bool decoding() const { return admitted() && num_computed == num_tokens() - 1 && num_outputs() > 0; }
+};
+
+}  // namespace dsgraph

@@ -1,0 +1,139 @@
+// Committing a step: update() advances the planned requests, appends sampled
+// tokens, checks stop conditions and offers full prompt pages to the prefix
+// cache. Also the read-only views of requests (allocation, hand-off).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "scheduler.h"
+
+namespace dsgraph {
+
+void Scheduler::check_sampled(std::span<const int32_t> sampled) const {
+    const size_t expected = static_cast<size_t>(
+        std::count_if(in_flight_.begin(), in_flight_.end(), [](const Planned &p) { return p.sample; }));
+    if (sampled.size() != expected) {
+        throw std::invalid_argument("Scheduler.update: sampled has " + std::to_string(sampled.size()) +
+                                    " tokens; expected " + std::to_string(expected) +
+                                    " (one per sample row of step " + std::to_string(step_) + ")");
+    }
+    const int32_t vocab = config_.vocab_size;
+    for (size_t i = 0; i < sampled.size(); ++i) {
+        if (sampled[i] < 0 || (vocab > 0 && sampled[i] >= vocab)) {
+            // Never dropped silently: a bad id means the sampler or the caller is broken.
+            throw std::invalid_argument(
+                "Scheduler.update: sampled[" + std::to_string(i) + "] = " + std::to_string(sampled[i]) +
+                " is not a token id; expected 0 <= id" + (vocab > 0 ? " < " + std::to_string(vocab) : ""));
+        }
+    }
+}
+
+std::vector<StepEvent> Scheduler::update(std::span<const int32_t> sampled) {
+    if (!has_plan_) {
+        throw std::logic_error("Scheduler.update: no plan in flight; call schedule() first");
+    }
+    check_sampled(sampled);  // before any change, so a rejected call can be retried
+    has_plan_ = false;
+    for (const std::unique_ptr<Request> &r : dropped_) {
+        release_resources(*r);
+    }
+    dropped_.clear();
+    std::vector<StepEvent> events = std::move(pending_);
+    pending_.clear();
+    size_t next = 0;
+    for (const Planned &p : in_flight_) {
+        commit(p, sampled, next, events);
+    }
+    in_flight_.clear();
+    return events;
+}
+
+void Scheduler::commit(const Planned &p, std::span<const int32_t> sampled, size_t &next,
+                       std::vector<StepEvent> &out) {
+    const int32_t token = p.sample ? sampled[next++] : -1;
+    Request *r = find(p.rid);
+    if (r == nullptr || r->serial != p.serial) {
+        return;  // aborted after planning
+    }
+    r->planned_in = 0;
+    r->num_computed = p.end;
+    settle_pages(*r);
+    if (!p.sample) {
+        return;
+    }
+    r->tokens.push_back(token);
+    std::erase(queue_, r);  // a sampled chunk ends the prefill
+    std::string reason = stop_reason(*r);
+    if (reason.empty() && config_.engine_type == EngineType::kPrompt) {
+        reason = "prefilled";
+    }
+    out.push_back({r->rid, token, !reason.empty(), reason});
+    if (reason == "prefilled") {
+        r->handed_off = true;
+        std::erase(running_, r);
+    } else if (!reason.empty()) {
+        forget(*r, false);
+    }
+}
+
+void Scheduler::settle_pages(Request &r) {
+    if (!config_.enable_prefix_cache || r.chain.empty()) {
+        return;
+    }
+    const int64_t done = std::min(r.num_computed, r.prompt_len);
+    for (size_t i = 0; i < config_.ratios.size(); ++i) {
+        const int64_t full = done / cache_.tokens_per_page(i);
+        for (int32_t &n = r.num_settled[i]; n < full; ++n) {
+            // false when another request cached this prefix first: the page stays private.
+            cache_.insert(i, r.chain[i][static_cast<size_t>(n)], r.pages[i][static_cast<size_t>(n)]);
+        }
+    }
+}
+
+std::string Scheduler::stop_reason(const Request &r) const {
+    const int32_t token = r.tokens.back();
+    const std::vector<int32_t> &stops = r.stop.stop_token_ids;
+    if ((!r.stop.ignore_eos && r.stop.eos_id >= 0 && token == r.stop.eos_id) ||
+        std::find(stops.begin(), stops.end(), token) != stops.end()) {
+        return "stop";
+    }
+    if (r.num_outputs() >= r.stop.max_tokens || r.num_tokens() >= config_.max_model_len) {
+        return "length";
+    }
+    return "";
+}
+
+Allocation Scheduler::allocation(int64_t rid) const {
+    const Request *r = find(rid);
+    if (r == nullptr) {
+        throw std::invalid_argument("Scheduler.allocation: rid = " + std::to_string(rid) +
+                                    " is not an unfinished request");
+    }
+    return {r->rid, r->slot, r->pages, r->num_computed, r->tokens};
+}
+
+Allocation Scheduler::handoff(int64_t rid) const {
+    const Request *r = find(rid);
+    if (r == nullptr || !r->handed_off) {
+        throw std::invalid_argument("Scheduler.handoff: rid = " + std::to_string(rid) +
+                                    " has no finished prompt waiting for hand-off");
+    }
+    return allocation(rid);
+}
+
+void Scheduler::release_handoff(int64_t rid) {
+    handoff(rid);  // same check and message
+    forget(*find(rid), false);
+}
+
+int32_t Scheduler::num_waiting() const {
+    return static_cast<int32_t>(
+        std::count_if(queue_.begin(), queue_.end(), [](const Request *r) { return !r->admitted(); }));
+}
+
+int32_t Scheduler::num_handoff() const {
+    return static_cast<int32_t>(std::count_if(requests_.begin(), requests_.end(),
+                                              [](const auto &kv) { return kv.second->handed_off; }));
+}
+
+}  // namespace dsgraph

@@ -1,0 +1,211 @@
+"""The engine loop: C++ scheduler -> Session (model step) -> sampler -> scheduler update, one step
+per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+from dsgraph.models.deepseek_v41.config import load_config
+from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
+from dsgraph.models.deepseek_v41.model import build_model
+from dsgraph.models.deepseek_v41.numerics import numerics_for
+from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
+from dsgraph.runtime.sampler import Sampler
+from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, model_inputs
+from dsgraph.runtime.session import CacheSizes, Session, size_caches
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes an engine, built in one place (CLI flags and LLM kwargs map onto it)."""
+
+    numerics: str = "serving"
+    max_model_len: int = 1024
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    page_size: int = 16
+    cache_budget_bytes: int | None = None  # None: pages for max_num_seqs requests of max_model_len
+    # Prefix caching keeps the global (compressed) caches of earlier prompts and recomputes the last
+    # `replay` tokens of a hit to rebuild SWA state. "exact" replays window * layers tokens, which gives
+    # bit-for-bit the tokens of a cold run; "window" (spec 5.6 item 1, an approximation) needs the
+    # attention op to mask SWA keys below the replay start, which it cannot yet.
+    enable_prefix_cache: bool = True
+    prefix_replay: str = "exact"
+
+    def __post_init__(self) -> None:
+        if self.enable_prefix_cache and self.prefix_replay != "exact":
+            raise NotImplementedError(
+                f"prefix_replay: {self.prefix_replay!r} needs SWA masking below the replay start; use 'exact'"
+            )
+
+
+@dataclass
+class _Live:
+    params: SamplingParams
+    seed: int
+    detok: IncrementalDetokenizer
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: str | None = None
+    checked: int = 0  # text length already searched for stop strings
+    emitted: int = 0  # text length already returned
+
+    @property
+    def text(self) -> str:
+        return self.detok.text[: self.emitted]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    rid: int
+    token: int
+    text: str  # new text since the previous event of this request
+    logprob: float
+    top: list[tuple[int, float]]
+    finished: bool
+    finish_reason: str | None
+
+
+class Engine:
+    def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> None:
+        root = Path(model_dir)
+        cfg = load_config(root)
+        self.config, self.cfg = config, cfg
+        self.tokenizer = load_tokenizer(root)
+        token_map, _ = build_token_map(self.tokenizer)
+        num = numerics_for(config.numerics)
+        max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
+        self.model = build_model(cfg, token_map, num, default_geometry(cfg.text, max_len, config.page_size))
+        weights = prepare_weights(cfg, load_checkpoint(root, cfg, progress=False), num, token_map)
+        sizes = self._cache_sizes()
+        self.session = Session(self.model, weights, sizes)
+        self.scheduler = Scheduler(
+            SchedulerConfig.for_model(
+                self.model,
+                num_pages=[sizes.num_pages[r] for r in ratios(self.model.plans)],
+                replay=config.prefix_replay,
+                max_num_seqs=config.max_num_seqs,
+                num_slots=sizes.num_slots,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_prefix_cache=config.enable_prefix_cache,
+            )
+        )
+        self.sampler = Sampler(cfg.text.vocab_size)
+        self.live: dict[int, _Live] = {}
+
+    def _cache_sizes(self) -> CacheSizes:
+        c, geo = self.config, self.model.geo
+        if c.cache_budget_bytes is not None:
+            return size_caches(self.model, c.max_num_seqs, c.cache_budget_bytes)
+        return CacheSizes(
+            c.max_num_seqs, {r: geo.pages_per_seq(r) * c.max_num_seqs for r in ratios(self.model.plans)}
+        )
+
+    def add_request(
+        self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
+    ) -> None:
+        """Queue a request; bad prompt or params raise RequestError naming the field and queue nothing."""
+        params.validate(self.cfg.text.vocab_size)
+        if not prompt_ids:
+            raise RequestError("prompt", list(prompt_ids), "a non-empty list of token ids")
+        vocab = self.cfg.text.vocab_size
+        bad = next((t for t in prompt_ids if not 0 <= int(t) < vocab), None)
+        if bad is not None:
+            raise RequestError("prompt", bad, f"a token id in [0, {vocab})")
+        if len(prompt_ids) >= self.model.geo.max_model_len:
+            raise RequestError(
+                "prompt",
+                f"{len(prompt_ids)} tokens",
+                f"shorter than max_model_len {self.model.geo.max_model_len}",
+            )
+        eos = -1 if params.ignore_eos else self.cfg.eos_token_id
+        self.scheduler.add_request(
+            rid,
+            list(prompt_ids),
+            max_tokens=params.max_tokens,
+            eos_id=eos,
+            ignore_eos=params.ignore_eos,
+            stop_token_ids=params.stop_token_ids,
+        )
+        seeds = params.completion_seeds()
+        self.live[rid] = _Live(
+            params,
+            seeds[0] if seed is None else seed,
+            IncrementalDetokenizer(self.tokenizer, list(prompt_ids)),
+        )
+
+    def abort(self, rid: int) -> None:
+        if rid in self.live and self.live[rid].finish is None:
+            self.scheduler.abort(rid)
+            self.live[rid].finish = "abort"
+
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        """(prompt tokens looked up, prompt tokens served from the prefix cache) since the start."""
+        n = self.scheduler.native
+        return n.prefix_lookup_tokens, n.prefix_hit_tokens
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[TokenEvent]:
+        """One scheduled model step; returns the tokens it produced (one event per sampled request)."""
+        plan = self.scheduler.schedule()
+        if plan.bucket == 0:
+            return []
+        logits = self.session.run(model_inputs(plan))
+        rids = [int(r) for r in plan.sample_rids]
+        if not rids:
+            self.scheduler.update([])
+            return []
+        positions = (
+            torch.from_numpy(np.array(plan.positions))[torch.from_numpy(np.array(plan.sample_rows)).long()]
+            + 1
+        )
+        s = self.sampler.sample(
+            logits, [self.live[r].params for r in rids], [self.live[r].seed for r in rids], positions
+        )
+        events = {e.rid: e for e in self.scheduler.update(s.tokens.numpy())}
+        return [self._commit(i, rid, s, events.get(rid)) for i, rid in enumerate(rids)]
+
+    def _commit(self, i: int, rid: int, s, event) -> TokenEvent:  # type: ignore[no-untyped-def]
+        live, token = self.live[rid], int(s.tokens[i])
+        k = live.params.top_logprobs
+        top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))
+        live.tokens.append(token)
+        live.logprobs.append(float(s.logprobs[i]))
+        live.top.append(top)
+        finished, reason = bool(event and event.finished), event.reason if event else None
+        text = self._new_text(rid, live, token, finished)
+        if live.finish == "stop" and not finished:
+            finished, reason = True, "stop"
+        elif finished:
+            live.finish = reason
+        return TokenEvent(rid, token, text, float(s.logprobs[i]), top, finished, reason)
+
+    def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
+        """Text to emit for this token: never half a character, never a (partial) stop string."""
+        stops = live.params.stop
+        live.detok.push(token)
+        if finished:
+            live.detok.flush()
+        full = live.detok.text
+        cut = find_stop(full, stops, start=live.checked) if stops else None
+        live.checked = len(full)
+        if cut is not None and not finished:
+            self.scheduler.abort(rid)  # a stop string ends the request; its caches are freed now
+            live.finish = "stop"
+        end = cut if cut is not None else len(full) - (0 if finished else stop_prefix_len(full, stops))
+        text = full[live.emitted : max(end, live.emitted)]
+        live.emitted = max(end, live.emitted)
+        return text

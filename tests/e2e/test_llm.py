@@ -1,0 +1,113 @@
+"""`LLM.generate` on the tiny random checkpoint: greedy tokens against NeMo, batch independence,
+seeded sampling, preemption, prefix caching, bad inputs, streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsgraph.runtime.llm import LLM
+from dsgraph.runtime.sampling_params import SamplingParams
+from tests.oracle import model_fixtures as fx
+
+PROMPTS = [fx.prompt(500 + i, n) for i, n in enumerate([3, 17, 5, 30, 1, 12, 8, 24])]
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
+
+
+def _tokens(llm: LLM, prompts, params=GREEDY) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_greedy_batch_of_8_is_teacher_forced_argmax_of_nemo(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    nemo_ref = pytest.importorskip("tests.oracle.nemo_ref")
+    # top-k limits that select everything: a tie broken differently would change the token legitimately
+    model_dir = fx.checkpoint("tiny_select_all", str(tmp_path_factory.getbasetemp()))
+    llm = LLM(model_dir, numerics="reference", max_model_len=256, max_num_seqs=8)
+    nemo = nemo_ref.load_nemo_model(model_dir)
+    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, GREEDY), strict=True):
+        tokens = list(out.outputs[0].token_ids)
+        assert len(tokens) == 6
+        logits = nemo_ref.nemo_logits(nemo, prompt + tokens[:-1])
+        assert torch.argmax(logits[len(prompt) - 1 :], -1).tolist() == tokens
+
+
+def test_same_tokens_whatever_batch_order_and_chunk_size(model_dir) -> None:  # type: ignore[no-untyped-def]
+    base = _tokens(LLM(model_dir, max_model_len=256, max_num_seqs=8), PROMPTS)
+    one_by_one = [_tokens(LLM(model_dir, max_model_len=256, max_num_seqs=1), [p])[0] for p in PROMPTS[:3]]
+    assert one_by_one == base[:3]
+    reversed_order = _tokens(LLM(model_dir, max_model_len=256, max_num_seqs=8), PROMPTS[::-1])
+    assert reversed_order[::-1] == base
+    small_chunks = _tokens(
+        LLM(model_dir, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=16), PROMPTS
+    )
+    assert small_chunks == base
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=256)
+    params = [SamplingParams(temperature=1.0, seed=40 + i, max_tokens=8, ignore_eos=True) for i in range(4)]
+    together = _tokens(llm, PROMPTS[:4], params)
+    again = _tokens(llm, PROMPTS[:4], params)
+    alone = [_tokens(llm, [PROMPTS[i]], [params[i]])[0] for i in (2, 0)]
+    assert together == again and alone == [together[2], together[0]]
+    other_seed = _tokens(
+        llm, PROMPTS[:1], [SamplingParams(temperature=1.0, seed=999, max_tokens=8, ignore_eos=True)]
+    )
+    assert other_seed[0] != together[0]
+
+
+def test_bad_inputs_name_the_field_and_others_finish(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=64)
+    prompts = [PROMPTS[0], [], [5, 999], [5] * 70, PROMPTS[1], PROMPTS[2], PROMPTS[3]]
+    params = [GREEDY] * 4 + [SamplingParams(temperature=-1.0), SamplingParams(top_p=1.5), GREEDY]
+    outs = llm.generate(prompts, params)
+    errors = [o.error for o in outs]
+    assert errors[0] is None and errors[6] is None
+    assert "prompt" in errors[1] and "non-empty" in errors[1]
+    assert "prompt: 999" in errors[2]
+    assert "prompt" in errors[3] and "max_model_len 64" in errors[3]
+    assert errors[4].startswith("temperature: -1.0") and errors[5].startswith("top_p: 1.5")
+    assert outs[0].outputs[0].token_ids == _tokens(LLM(model_dir, max_model_len=64), [PROMPTS[0]])[0]
+    assert len(outs[6].outputs[0].token_ids) == 6
+
+
+def test_stream_pieces_add_up_to_the_final_text(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=256)
+    pieces: dict[int, str] = {}
+    final = {}
+    for index, text, out in llm.stream(PROMPTS[:3], GREEDY):
+        pieces[index] = pieces.get(index, "") + text
+        final[index] = out
+    assert all(final[i].finished and pieces[i] == final[i].outputs[0].text for i in range(3))
+
+
+def test_logprobs_and_n(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=256)
+    out = llm.generate(
+        [PROMPTS[1]],
+        SamplingParams(
+            temperature=1.0, seed=5, max_tokens=4, n=3, logprobs=True, top_logprobs=3, ignore_eos=True
+        ),
+    )[0]
+    assert len(out.outputs) == 3 and len({c.token_ids for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert len(c.logprobs) == 4 and all(lp <= 0 for lp in c.logprobs)
+        assert all(len(t) == 3 and t[0][1] >= t[1][1] >= t[2][1] for t in c.top_logprobs)
+
+
+def test_prefix_cache_exact_equals_cold_and_counts_hits(model_dir) -> None:  # type: ignore[no-untyped-def]
+    shared = fx.prompt(600, 96)
+    prompts = [shared + fx.prompt(601 + i, 7) for i in range(3)]
+    cold = [_tokens(LLM(model_dir, max_model_len=256, enable_prefix_cache=False), [p])[0] for p in prompts]
+    llm = LLM(model_dir, max_model_len=256)
+    warm = [_tokens(llm, [p])[0] for p in prompts]  # one after another: the 2nd and 3rd hit the cache
+    assert warm == cold
+    looked_up, hit = llm.engine.prefix_cache_stats()
+    assert looked_up == 3 * 103 and hit == 2 * 96  # grain lcm(16, 32) = 32 tokens: 96 of the shared 96
+    with pytest.raises(NotImplementedError, match="prefix_replay: 'window'"):
+        LLM(model_dir, prefix_replay="window")
