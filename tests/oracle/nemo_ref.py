@@ -279,3 +279,18 @@ def _dspark_block(
         )
         logits = draft.compute_logits(out.normalized_hidden_states) + out.transition_logits.float()
     return logits[0], out.confidence_pred[0].float()
+
+
+# NeMo's NVFP4 scale is `(amax / 6).to(float8_e4m3fn)` with no clamp: it relies on the cast saturating at
+# 448, which torch's CPU cast does from 2.13 on; earlier versions (2.11 on the GPU machine) return NaN.
+E4M3_CAST_SATURATES = torch.tensor([1000.0]).to(torch.float8_e4m3fn).float().item() == 448.0
+
+
+def nemo_comparable(x: torch.Tensor, fmt: str, group: int) -> torch.Tensor:
+    """`x` with the groups NeMo cannot quantize on this torch (NVFP4 amax > 6 * 448 without a
+    saturating cast) set to zero, so a comparison with NeMo covers every group it handles."""
+    if fmt not in ("nvfp4", "nvfp4_g16") or E4M3_CAST_SATURATES:
+        return x
+    g = x.unflatten(-1, (-1, group))
+    too_big = g.float().abs().amax(-1, keepdim=True) > 6 * 448
+    return torch.where(too_big, torch.zeros_like(g), g).flatten(-2)

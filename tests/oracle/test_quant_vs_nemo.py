@@ -22,7 +22,7 @@ from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint  # noqa: E
 from dsgraph.models.deepseek_v41.config import load_config  # noqa: E402
 from dsgraph.models.deepseek_v41.tiny import make_tiny  # noqa: E402
 from dsgraph.platform.cpu import quant as q  # noqa: E402
-from tests.oracle.nemo_ref import CPU_BACKEND  # noqa: E402
+from tests.oracle.nemo_ref import CPU_BACKEND, nemo_comparable  # noqa: E402
 
 CACHE_CODECS = [("fp8", 32, q.fp8_g32_qdq), ("mxfp4", 32, q.mxfp4_g32_qdq), ("nvfp4", 16, q.nvfp4_g16_qdq)]
 E2M1_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
@@ -76,7 +76,7 @@ def test_cache_qdq_bitwise_equal_to_nemo(
     fmt: str, group: int, mine: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype
 ) -> None:
     for x in (_random_rows(512), _random_rows(128), _adversarial_rows(group, fmt)):
-        x = x.to(dtype)
+        x = nemo_comparable(x.to(dtype), fmt, group)
         ours, theirs = mine(x), quantize_cache(x, format=fmt, block_size=group)
         assert ours.dtype == theirs.dtype == dtype
         equal = _bits(ours) == _bits(theirs)
