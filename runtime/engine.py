@@ -52,11 +52,13 @@ class EngineConfig:
 class _Live:
     params: SamplingParams
     seed: int
+    prompt: list[int]
     detok: IncrementalDetokenizer
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: str | None = None
+    prompt_logprobs: dict[int, float] = field(default_factory=dict)  # prompt position -> logprob
     checked: int = 0  # text length already searched for stop strings
     emitted: int = 0  # text length already returned
 
@@ -141,6 +143,7 @@ class Engine:
         self.live[rid] = _Live(
             params,
             seeds[0] if seed is None else seed,
+            [int(t) for t in prompt_ids],
             IncrementalDetokenizer(self.tokenizer, list(prompt_ids)),
         )
 
@@ -158,12 +161,42 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
+        """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
+        rows, meta = [], []
+        seq_ids, positions, seq_rids = plan.seq_ids, plan.positions, plan.seq_rids
+        for t in range(plan.num_tokens):
+            rid = int(seq_rids[seq_ids[t]])
+            live = self.live.get(rid)
+            if live is not None and live.params.prompt_logprobs and positions[t] + 1 < len(live.prompt):
+                rows.append(t)
+                meta.append((rid, int(positions[t]) + 1))
+        return rows, meta
+
+    def _run(self, plan) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """The model step; logits of the sampled rows (prompt logprobs are recorded on the way)."""
+        inputs = model_inputs(plan)
+        rows, meta = self._prompt_rows(plan)
+        if not rows:
+            return self.session.run(inputs)
+        n = len(plan.sample_rows)
+        inputs = {
+            **inputs,
+            "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
+        }
+        logits = self.session.run(inputs)
+        logprobs = torch.log_softmax(logits[n:].double(), -1)
+        for i, (rid, pos) in enumerate(meta):
+            live = self.live[rid]
+            live.prompt_logprobs[pos] = float(logprobs[i, live.prompt[pos]])
+        return logits[:n]
+
     def step(self) -> list[TokenEvent]:
         """One scheduled model step; returns the tokens it produced (one event per sampled request)."""
         plan = self.scheduler.schedule()
         if plan.bucket == 0:
             return []
-        logits = self.session.run(model_inputs(plan))
+        logits = self._run(plan)
         rids = [int(r) for r in plan.sample_rids]
         if not rids:
             self.scheduler.update([])

@@ -85,7 +85,12 @@ class LLM:
                     tuple(tuple(t) for t in live.top) if req.params.top_logprobs else None,
                 )
             )
-        return RequestOutput(str(req.index), req.prompt, tuple(req.prompt_ids), tuple(comps))
+        prompt_lp = None
+        if req.params.prompt_logprobs and req.rids:
+            # positions served from the prefix cache were not recomputed: their logprob is None
+            got = self.engine.live[req.rids[0]].prompt_logprobs
+            prompt_lp = tuple(got.get(i) for i in range(len(req.prompt_ids)))
+        return RequestOutput(str(req.index), req.prompt, tuple(req.prompt_ids), tuple(comps), prompt_lp)
 
     def stream(
         self,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dsgraph.models.deepseek_v41.numerics import REFERENCE
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from tests.oracle import model_fixtures as fx
@@ -111,3 +112,15 @@ def test_prefix_cache_exact_equals_cold_and_counts_hits(model_dir) -> None:  # t
     assert looked_up == 3 * 103 and hit == 2 * 96  # grain lcm(16, 32) = 32 tokens: 96 of the shared 96
     with pytest.raises(NotImplementedError, match="prefix_replay: 'window'"):
         LLM(model_dir, prefix_replay="window")
+
+
+def test_prompt_logprobs_equal_log_softmax_of_a_full_prefill(model_dir) -> None:  # type: ignore[no-untyped-def]
+    prompt = PROMPTS[3]
+    llm = LLM(model_dir, max_model_len=256, numerics="reference", max_num_batched_tokens=16)  # 2 chunks
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=True))[0]
+    runner = fx.runner(model_dir, REFERENCE)
+    runner.add(0)
+    want = torch.log_softmax(runner.step([(0, prompt)])[0].double(), -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for pos in range(1, len(prompt)):
+        assert abs(out.prompt_logprobs[pos] - float(want[pos - 1, prompt[pos]])) < 1e-6, pos
