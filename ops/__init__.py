@@ -1,6 +1,7 @@
 """The closed op set. Importing this package declares every op (see `dsgraph.graph.op.all_ops`)."""
 
 from dsgraph.graph.op import OpDef, get_op
+
 # Importing every op module declares its ops.
 from dsgraph.ops import attention, cache, core, engram, mhc, moe, nn, quant, rope, sampling, shape  # noqa: F401
 

@@ -141,9 +141,9 @@ class AttentionParams:
 
 
 def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
-    if len(ts) not in (8, 11):
-        raise ShapeError(f"takes 8 operands (SWA only) or 11 (with pool, block_table, topk), got {len(ts)}")
-    q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start = ts[:8]
+    if len(ts) not in (9, 12):
+        raise ShapeError(f"takes 9 operands (SWA only) or 12 (with pool, block_table, topk), got {len(ts)}")
+    q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, seq_window_start = ts[:9]
     _require_positive(p.window, "window")
     R.require_dtype(q, ACTIVATION_DTYPES, "q")
     R.require_rank(q, 3, "q")
@@ -161,9 +161,11 @@ def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[Ten
     R.require_dim(sink.shape[0], heads, f"heads of sink {sink} vs q {q}")
     require_index(positions, rows, "positions")
     require_index(seq_ids, rows, "seq_ids")
-    seqs = require_seq_vectors((seq_slot, "seq_slot"), (seq_start, "seq_start"))
-    if len(ts) == 11:
-        pool, block_table, topk = ts[8:]
+    seqs = require_seq_vectors(
+        (seq_slot, "seq_slot"), (seq_start, "seq_start"), (seq_window_start, "seq_window_start")
+    )
+    if len(ts) == 12:
+        pool, block_table, topk = ts[9:]
         check_width("nvfp4_g16", width, f"head dim of q {q}")
         require_pool(pool, entry_bytes("nvfp4_g16", width), "pool")
         _require_block_table(block_table, seqs)
@@ -179,10 +181,13 @@ attention = declare_op(
     _attention_rule,
     "`q [tokens, nh, hd] float, kv [tokens, hd] float (this step's SWA keys, already fp8_g32 qdq'ed), "
     "ring [slots, R, hd + hd/32] u8 (fp8_g32 entries, the ring before this step's swa_write; R >= window), "
-    "sink [nh] f32, positions [tokens] i32, seq_ids [tokens] i32, seq_slot [seqs] i32, seq_start [seqs] i32"
-    "[, pool [blocks, bs, hd/2 + hd/16] u8 (nvfp4_g16 entries), block_table [seqs, nb] i32, topk [tokens, K] "
-    "i32]` -> `[tokens, nh, hd]` dtype of q. Keys of row t (sequence s, position p): the SWA positions "
-    "max(0, p - window + 1) .. p, read from kv rows of this chunk when >= seq_start[s], else decoded from "
+    "sink [nh] f32, positions [tokens] i32, seq_ids [tokens] i32, seq_slot [seqs] i32, seq_start [seqs] i32, "
+    "seq_window_start [seqs] i32[, pool [blocks, bs, hd/2 + hd/16] u8 (nvfp4_g16 entries), "
+    "block_table [seqs, nb] i32, topk [tokens, K] i32]` -> `[tokens, nh, hd]` dtype of q. Keys of row t "
+    "(sequence s, position p): the SWA positions max(0, seq_window_start[s], p - window + 1) .. p "
+    "(seq_window_start: the first position whose SWA key the sequence holds, e.g. its replay start after a "
+    "prefix-cache hit; a slot's ring below it may hold another request's keys), read from kv rows of this "
+    "chunk when >= seq_start[s], else decoded from "
     "ring[seq_slot[s], pos % R]; then the compressed entries g = topk[t, j] >= 0 decoded from "
     "pool[block_table[s, g // bs], g % bs] (nothing de-duplicated). logits = (q_h . k) * softmax_scale; "
     "P = exp(logit) / (sum over keys of exp(logit) + exp(sink_h)); out_h = sum P * k (V = K). f32 math; "

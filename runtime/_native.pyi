@@ -208,6 +208,12 @@ class StepPlan:
         """[seqs] int32 one past the last position."""
 
     @property
+    def seq_window_start(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """
+        [seqs] int32 first position whose SWA key the request holds (its replay start after a prefix hit, else 0); attention reads no SWA key below it.
+        """
+
+    @property
     def seq_rids(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
         """[seqs] int64 request ids."""
 

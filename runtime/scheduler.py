@@ -232,7 +232,7 @@ class Scheduler:
 
 def model_inputs(plan: StepPlan) -> dict[str, np.ndarray]:
     """The plan's arrays under the step input names of `models/deepseek_v41/step_io.py` (read-only
-    views; `is_replay`, request ids and the bucket are not model inputs and are left out)."""
+    views; request ids and the bucket are not model inputs and are left out)."""
     out = {
         "token_ids": plan.token_ids,
         "positions": plan.positions,
@@ -240,6 +240,7 @@ def model_inputs(plan: StepPlan) -> dict[str, np.ndarray]:
         "seq_slot": plan.seq_slot,
         "seq_start": plan.seq_start,
         "seq_end": plan.seq_end,
+        "seq_window_start": plan.seq_window_start,
         "lookback": plan.lookback,
         "sample_rows": plan.sample_rows,
         "is_replay": plan.is_replay,

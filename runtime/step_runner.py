@@ -80,6 +80,8 @@ class StepRunner:
             out[f"block_table_r{r}"] = torch.tensor(rows, dtype=torch.int32)
         out["sample_rows"] = torch.arange(len(cols["token_ids"]), dtype=torch.int32)
         out["is_replay"] = torch.zeros(len(cols["token_ids"]), dtype=torch.int32)
+        # No prefix cache here: every request holds its SWA keys from position 0.
+        out["seq_window_start"] = torch.zeros(len(chunks), dtype=torch.int32)
         return out
 
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:

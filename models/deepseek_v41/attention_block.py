@@ -150,13 +150,13 @@ def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     sink = f.w(p + "attn_sink")
     common = dict(window=t.sliding_window, softmax_scale=float(t.head_dim**-0.5))
     kv = f.cast(kv, q.dtype)
+    # SWA keys below seq_window_start (a prefix hit's replay start) are not this request's: never read.
+    swa = (q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, f.step["seq_window_start"])
     if plan.mode is LayerMode.SWA:
-        o = op.attention(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, **common)
+        o = op.attention(*swa, **common)
     else:
         pool = f.cache(f"ckv.{plan.kv_source}")
         table = f.step[f"block_table_r{plan.ratio}"]
         topk = f.topk[plan.topk_source]
-        o = op.attention(
-            q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, pool, table, topk, **common
-        )
+        o = op.attention(*swa, pool, table, topk, **common)
     return _output(f, plan, o)

@@ -54,6 +54,8 @@ def step_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeometr
         "seq_slot": TensorType(("seqs",), i32),
         "seq_start": TensorType(("seqs",), i32),
         "seq_end": TensorType(("seqs",), i32),
+        # first position whose SWA key the sequence holds (its replay start after a prefix-cache hit)
+        "seq_window_start": TensorType(("seqs",), i32),
         "lookback": TensorType(("seqs", text.engram_max_ngram_size - 1), i32),
         "sample_rows": TensorType(("outs",), i32),
         "is_replay": TensorType(("tokens",), i32),  # 1: a row recomputed after a prefix-cache hit

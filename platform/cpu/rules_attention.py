@@ -90,18 +90,20 @@ def _swa_keys(
     seq: Tensor,
     real: Tensor,
     start: Tensor,
+    first: Tensor,
     slot: Tensor,
     window: int,
 ) -> tuple[Tensor, Tensor]:
     """SWA keys of every row: (keys [T, window, hd] f32, valid [T, window] bool), oldest position first.
 
     Position pos = p - window + 1 + j comes from kv row t - (p - pos) when pos >= seq_start (this chunk),
-    else from the ring entry ring[slot, pos % R] written by an earlier step.
+    else from the ring entry ring[slot, pos % R] written by an earlier step. Positions below the row's
+    `first` (seq_window_start) are not keys: the ring holds nothing of this request there.
     """
     rows = positions.shape[0]
     back = torch.arange(window - 1, -1, -1)  # distance from the query position, oldest first
     pos = positions.long().unsqueeze(1) - back  # [T, window]
-    valid = real.unsqueeze(1) & (pos >= 0)
+    valid = real.unsqueeze(1) & (pos >= 0) & (pos >= first.long().unsqueeze(1))
     in_chunk = pos >= start.unsqueeze(1)
     chunk_row = (torch.arange(rows).unsqueeze(1) - back).clamp(0, max(rows - 1, 0))
     wrong = valid & in_chunk & ((positions.long()[chunk_row] != pos) | (seq[chunk_row] != seq.unsqueeze(1)))
@@ -140,15 +142,16 @@ def _sink_softmax(logits: Tensor, valid: Tensor, sink: Tensor) -> Tensor:
 
 
 def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor) -> Tensor:
-    positions, seq_ids, seq_slot, seq_start = operands[:4]
+    positions, seq_ids, seq_slot, seq_start, seq_window_start = operands[:5]
     real, seq = real_rows("attention", seq_ids, seq_slot.shape[0])
     require_in_range(
         "attention", per_row(seq_slot, seq, real), ring.shape[0], "ring slot of row", active=real
     )
     start, slot = per_row(seq_start, seq, real), per_row(seq_slot, seq, real)
-    keys, valid = _swa_keys(kv, ring, positions, seq, real, start, slot, p.window)
-    if len(operands) == 7:
-        pool, block_table, topk = operands[4:]
+    first = per_row(seq_window_start, seq, real)
+    keys, valid = _swa_keys(kv, ring, positions, seq, real, start, first, slot, p.window)
+    if len(operands) == 8:
+        pool, block_table, topk = operands[5:]
         extra_keys, extra_valid = _compressed_keys(pool, block_table, topk, seq, real)
         keys, valid = torch.cat((keys, extra_keys), dim=1), torch.cat((valid, extra_valid), dim=1)
     logits = invariant.matmul(q, keys.transpose(1, 2)) * p.softmax_scale  # [T, nh, N]

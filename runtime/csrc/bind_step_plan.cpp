@@ -67,6 +67,9 @@ void bind_step_plan(nb::module_ &m) {
         .def_prop_ro("seq_slot", row_view<&StepPlan::seq_slot>(), "[seqs] int32 state slot.")
         .def_prop_ro("seq_start", row_view<&StepPlan::seq_start>(), "[seqs] int32 first position.")
         .def_prop_ro("seq_end", row_view<&StepPlan::seq_end>(), "[seqs] int32 one past the last position.")
+        .def_prop_ro("seq_window_start", row_view<&StepPlan::seq_window_start>(),
+                     "[seqs] int32 first position whose SWA key the request holds (its replay start "
+                     "after a prefix hit, else 0); attention reads no SWA key below it.")
         .def_prop_ro("seq_rids", row_view<&StepPlan::seq_rids>(), "[seqs] int64 request ids.")
         .def_prop_ro("sample_rows", row_view<&StepPlan::sample_rows>(), "[outs] int32 rows to sample.")
         .def_prop_ro("sample_rids", row_view<&StepPlan::sample_rids>(), "[outs] int64 their request ids.")

@@ -27,6 +27,7 @@ struct Request {
 
     int32_t num_computed = 0;  // leading tokens whose cache entries exist
     int32_t replay_end = 0;    // positions below it recompute entries already cached (prefix hit)
+    int32_t window_start = 0;  // first position whose SWA key this admission computes (its replay start)
     int32_t slot = -1;         // -1 while not admitted
     uint64_t admitted_at = 0;  // admission order; the preemption victim is the largest
     uint64_t planned_in = 0;   // the step whose plan holds this request (0: none)

@@ -39,6 +39,7 @@ bool Scheduler::admit(Request &r) {
     r.pages.assign(config_.ratios.size(), {});
     r.num_computed = 0;
     r.replay_end = 0;
+    r.window_start = 0;
     if (config_.enable_prefix_cache) {
         if (r.chain.empty()) {
             r.chain = cache_.chains(std::span(r.tokens).first(static_cast<size_t>(r.prompt_len)));
@@ -53,6 +54,9 @@ bool Scheduler::admit(Request &r) {
         start -= start % lcm_of(config_.ratios);
         r.num_computed = static_cast<int32_t>(start);
         r.replay_end = static_cast<int32_t>(hit);
+        // The slot's ring holds no key of this request below `start` (a reused slot holds another
+        // request's): attention must not read SWA keys there, for this and every later step.
+        r.window_start = static_cast<int32_t>(start);
     }
     r.num_settled.assign(config_.ratios.size(), 0);
     for (size_t i = 0; i < r.pages.size(); ++i) {
@@ -81,6 +85,7 @@ void Scheduler::unadmit(Request &r) {
     std::erase(running_, &r);
     r.num_computed = 0;
     r.replay_end = 0;
+    r.window_start = 0;
     r.admitted_at = 0;
     r.num_settled.clear();
 }

@@ -28,6 +28,8 @@
 // every ratio) is reused; the request starts at hit - replay_tokens (cut to a
 // multiple of every ratio, at most its last token), and rows below `hit` are
 // marked is_replay: they only rebuild the SWA state, which is never cached.
+// That start is the request's seq_window_start in every later plan: its slot's
+// ring holds no key of it below there, so attention must not read one.
 //
 // Finish reasons: "stop" (eos unless ignore_eos, or a stop token), "length"
 // (max_tokens outputs, or max_model_len tokens), "abort" (abort(), or a

@@ -24,6 +24,7 @@ void add_sequence(StepPlan &plan, const Chunk &c) {
     plan.seq_slot.push_back(r.slot);
     plan.seq_start.push_back(c.start);
     plan.seq_end.push_back(c.end);
+    plan.seq_window_start.push_back(r.window_start);
     plan.seq_rids.push_back(r.rid);
     for (int32_t i = 0; i < plan.lookback_len; ++i) {
         plan.lookback.push_back(i < c.start ? r.tokens[static_cast<size_t>(c.start - 1 - i)] : -1);

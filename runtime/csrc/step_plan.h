@@ -25,6 +25,9 @@ struct StepPlan {
     std::vector<int32_t> is_replay;
     // [seqs] per sequence.
     std::vector<int32_t> seq_slot, seq_start, seq_end;
+    // First position whose SWA key the sequence holds (its replay start after a prefix hit, else 0):
+    // attention reads no SWA key below it.
+    std::vector<int32_t> seq_window_start;
     std::vector<int64_t> seq_rids;
     std::vector<int32_t> lookback;  // [seqs, lookback_len], most recent first, -1 before position 0
     std::vector<int32_t> ratios;

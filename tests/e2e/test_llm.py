@@ -105,13 +105,44 @@ def test_prefix_cache_exact_equals_cold_and_counts_hits(model_dir) -> None:  # t
     shared = fx.prompt(600, 96)
     prompts = [shared + fx.prompt(601 + i, 7) for i in range(3)]
     cold = [_tokens(LLM(model_dir, max_model_len=256, enable_prefix_cache=False), [p])[0] for p in prompts]
-    llm = LLM(model_dir, max_model_len=256)
+    llm = LLM(model_dir, max_model_len=256, prefix_replay="exact")
     warm = [_tokens(llm, [p])[0] for p in prompts]  # one after another: the 2nd and 3rd hit the cache
     assert warm == cold
     looked_up, hit = llm.engine.prefix_cache_stats()
     assert looked_up == 3 * 103 and hit == 2 * 96  # grain lcm(16, 32) = 32 tokens: 96 of the shared 96
-    with pytest.raises(NotImplementedError, match="prefix_replay: 'window'"):
-        LLM(model_dir, prefix_replay="window")
+    with pytest.raises(ValueError, match="prefix_replay: 'all', expected 'window' or 'exact'"):
+        LLM(model_dir, prefix_replay="all")
+
+
+# Documented bound of default ("window") prefix replay on the tiny random checkpoint (spec 5.6 item 1):
+# the first generated token after a 96-token hit, over the 20 most likely tokens of both runs, has log-probs
+# within WINDOW_MAX_NATS of a cold run (measured: max 0.44, mean 0.35 nats on this workload; 1.1 max on
+# others, and 0 with 40 or more replayed tokens). The random model's flat distributions (top log-probs near
+# -3) make this a severe case; the error shrinks with the replay length.
+WINDOW_MAX_NATS, WINDOW_MEAN_NATS = 0.6, 0.45
+
+
+def test_prefix_cache_window_replay_stays_close_to_cold(model_dir) -> None:  # type: ignore[no-untyped-def]
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=True, top_logprobs=20, ignore_eos=True)
+    shared = fx.prompt(600, 96)
+    prompts = [shared + fx.prompt(601 + i, 7) for i in range(6)]
+    cold_llm = LLM(model_dir, max_model_len=256, enable_prefix_cache=False)
+    cold = [o.outputs[0] for o in cold_llm.generate(prompts, params)]
+    llm = LLM(model_dir, max_model_len=256)  # default: prefix caching with window replay
+    assert llm.engine.config.prefix_replay == "window"
+    warm = [llm.generate([p], params)[0].outputs[0] for p in prompts]  # the 2nd to 6th hit the cache
+    looked_up, hit = llm.engine.prefix_cache_stats()
+    assert looked_up == 6 * 103 and hit == 5 * 96
+    assert llm.engine.scheduler.native.num_replayed_tokens == 5 * 8  # one window (8) per hit
+    assert warm[0] == cold[0]  # no hit: a cold run
+    diffs, ranks = [], []
+    for c, w in zip(cold[1:], warm[1:], strict=True):
+        cold_top, warm_top = dict(c.top_logprobs[0]), dict(w.top_logprobs[0])
+        diffs.append(max(abs(lp - warm_top[t]) for t, lp in cold_top.items() if t in warm_top))
+        ranks.append([t for t, _ in w.top_logprobs[0]].index(c.token_ids[0]))
+    assert max(diffs) <= WINDOW_MAX_NATS and sum(diffs) / len(diffs) <= WINDOW_MEAN_NATS, diffs
+    assert max(ranks) <= 1, ranks  # the cold greedy token is the warm run's first or second choice
+    assert max(diffs) > 0  # an approximation: not the exact mode's bit-identical result
 
 
 def test_prompt_logprobs_equal_log_softmax_of_a_full_prefill(model_dir) -> None:  # type: ignore[no-untyped-def]

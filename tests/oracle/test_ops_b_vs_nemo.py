@@ -430,7 +430,7 @@ def run_attention(cfg: DeepseekV41TextConfig, records: list[dict[str, Any]], i: 
     nh, hd = cfg.num_attention_heads, cfg.head_dim
     ring, extra = inputs["ring"], inputs["extra"]
 
-    def step(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, seq_end, kv_entries, *extra):  # type: ignore[no-untyped-def]
+    def step(q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, first, seq_end, kv_entries, *extra):  # type: ignore[no-untyped-def]
         out = A.attention(
             q,
             kv,
@@ -440,6 +440,7 @@ def run_attention(cfg: DeepseekV41TextConfig, records: list[dict[str, Any]], i: 
             seq_ids,
             seq_slot,
             seq_start,
+            first,
             *extra,
             window=cfg.sliding_window,
             softmax_scale=hd**-0.5,
@@ -447,7 +448,7 @@ def run_attention(cfg: DeepseekV41TextConfig, records: list[dict[str, Any]], i: 
         return {"out": out, "ring": K.swa_write(ring, kv_entries, positions, seq_ids, seq_slot, seq_end)}
 
     types = [tt((T, nh, hd), "f32"), tt((T, hd), "f32"), tt(tuple(ring.shape), "u8"), tt((nh,), "f32")]
-    types += [tt((T,)), tt((T,)), tt((S,)), tt((S,)), tt((S,)), tt((T, ring.shape[2]), "u8")]
+    types += [tt((T,)), tt((T,)), tt((S,)), tt((S,)), tt((S,)), tt((S,)), tt((T, ring.shape[2]), "u8")]
     if extra is not None:
         types += [tt(tuple(extra[0].shape), "u8"), tt((S, extra[1].shape[1])), tt((T, extra[2].shape[2]))]
     graph, outputs = make_graph(step, *types), {}
@@ -456,6 +457,7 @@ def run_attention(cfg: DeepseekV41TextConfig, records: list[dict[str, Any]], i: 
         per_seq = [
             i32([SLOTS[b] for b, _, _ in chunks]),
             i32([a for _, a, _ in chunks]),
+            i32([0] * len(chunks)),  # every sequence holds its SWA keys from position 0
             i32([e for _, _, e in chunks]),
         ]
         args = [pick(rec["q"], where), pick(inputs["kv_q"], where), ring, rec["layer"].attn_sink.detach()]

@@ -271,6 +271,7 @@ def test_preempted_request_recomputes_prompt_and_outputs() -> None:
     assert s.preempt(0) and not s.preempt(0) and s.num_waiting == 1
     plan, events = step(s, 13)
     assert plan.token_ids[: plan.num_tokens].tolist() == [5, 6, 7, 11, 12]
+    assert plan.seq_window_start.tolist() == [0]  # no prefix hit: its SWA keys from position 0
     assert plan.sample_rows.tolist() == [4] and events == [StepEvent(0, 13, False, None)]
 
 
@@ -338,7 +339,7 @@ def test_prefix_cache_hits_on_a_crafted_workload() -> None:
     run_all(s)
     assert (s.native.prefix_lookup_tokens, s.native.prefix_hit_tokens) == (20, 0)
     assert s.native.num_cached_pages(1) == 5 and s.native.num_cached_pages(2) == 2
-    s.add_request(1, shared + [80], max_tokens=2)  # shares 17 tokens: hit 16
+    s.add_request(1, shared + [80], max_tokens=3)  # shares 17 tokens: hit 16
     plan, _ = step(s)
     assert (s.native.prefix_lookup_tokens, s.native.prefix_hit_tokens) == (38, 16)
     assert (int(plan.seq_start[0]), int(plan.seq_end[0])) == (12, 18)  # 4 replayed rows, then 2 new
@@ -349,10 +350,20 @@ def test_prefix_cache_hits_on_a_crafted_workload() -> None:
     assert [len(p) for p in alloc.pages] == [5, 3]  # 18 rows: 9 ratio-2 entries
     assert alloc.pages[0][:4] == s.native.cached_pages(1)[:4]  # shared, reference count 2
     assert all(s.native.page_refcounts(1)[p] == 2 for p in alloc.pages[0][:4])
+    assert plan.seq_window_start.tolist() == [12]  # attention reads no SWA key below the replay start
+    plan, _ = step(s)  # a decode row: the request still holds no SWA key below 12
+    assert plan.num_decode == 1 and plan.seq_window_start.tolist() == [12]
     run_all(s)
     s.add_request(2, [1, 2, 3] + shared, max_tokens=2)  # same tokens at other positions: no hit
+    plan, _ = step(s)
+    assert plan.seq_window_start.tolist() == [0]
     run_all(s)
     assert s.native.prefix_hit_tokens == 16
+    s.add_request(3, shared + [70, 71, 72, 73], max_tokens=3)  # hit 16, replay from 12
+    step(s)
+    assert s.preempt(3)
+    plan, _ = step(s)  # readmitted: a new hit (the same 16), so its window starts at 12 again
+    assert int(plan.seq_start[0]) == 12 and plan.seq_window_start.tolist() == [12]
 
 
 def test_whole_prompt_hit_still_computes_its_last_token() -> None:

@@ -1,10 +1,11 @@
 """The scheduler's step plans run the tiny V4.1 model: same inputs as the Python step runner, greedy
 outputs equal to cold full-prefill runs (mixed decode/prefill steps, chunked prefill, bucket padding,
-preemption), and a prefix-cache hit in `exact` replay mode reproduces a cold run bit for bit.
+preemption), a prefix-cache hit in `exact` replay mode reproduces a cold run bit for bit, and one in
+`window` mode is deterministic (reads no SWA key below the replay start) though not exact.
 
-The model does not consume `is_replay` yet; `PlanExecutor(skip_replay_writes=True)` traces the step with
-the compressed-cache writes of replay rows masked (what the plan asks of the model) to show the plan
-carries everything an exact prefix hit needs.
+Controls run the model with a plan's marks hidden: `skip_replay_writes=False` zeroes `is_replay` (replayed
+rows then overwrite shared compressed pages) and `mask_window=False` zeroes `seq_window_start` (attention
+then reads whatever the reused slot's ring holds below the replay start).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class PlanExecutor:
         num_slots: int,
         num_pages: int,
         skip_replay_writes: bool = True,
+        mask_window: bool = True,
     ) -> None:
-        self.skip = skip_replay_writes
+        self.skip, self.mask_window = skip_replay_writes, mask_window
         self.graph = trace_step(model, weight_types(weights))
         self.weights = {f"weights.{k}": v for k, v in weights.items()}
         sizes = {"slots": num_slots, **{f"blocks{r}": num_pages for r in ratios(model.plans)}}
@@ -69,6 +71,8 @@ class PlanExecutor:
         step = {f"step.{k}": torch.tensor(v) for k, v in model_inputs(plan).items()}
         if not self.skip:  # control: hide the replay marks, so replayed rows write the shared pages
             step["step.is_replay"] = torch.zeros_like(step["step.is_replay"])
+        if not self.mask_window:  # control: attention reads the ring below the replay start
+            step["step.seq_window_start"] = torch.zeros_like(step["step.seq_window_start"])
         caches = {f"caches.{k}": v for k, v in self.caches.items()}
         out = run_graph(self.graph, {**self.weights, **caches, **step})
         for name in self.caches:
@@ -171,17 +175,27 @@ def test_padding_rows_change_nothing(tiny: Any) -> None:
         assert torch.equal(caches_a[name], caches_b[name]), name
 
 
-def run_prefix_hit(tiny: Any, replay: str, num_slots: int, skip: bool) -> tuple[Scheduler, list, list[int]]:
-    """A 70-token prompt runs, then a second prompt sharing its first 64 tokens hits the prefix cache."""
+def run_prefix_hit(
+    tiny: Any, replay: str, num_slots: int, skip: bool, *, poison: bool = False, mask_window: bool = True
+) -> tuple[Scheduler, list, list[int]]:
+    """A 70-token prompt runs, then a second prompt sharing its first 64 tokens hits the prefix cache.
+    `poison`: fill every SWA ring with random bytes before the hit (a reused slot's stale keys)."""
     model, weights = tiny
     config = SchedulerConfig.for_model(
         model, num_pages=12, replay=replay, num_slots=num_slots, max_num_seqs=1, max_num_batched_tokens=32
     )
     sched = Scheduler(config)
-    ex = PlanExecutor(model, weights, num_slots=num_slots, num_pages=12, skip_replay_writes=skip)
+    ex = PlanExecutor(
+        model, weights, num_slots=num_slots, num_pages=12, skip_replay_writes=skip, mask_window=mask_window
+    )
     first = fx.prompt(21, 70)
     sched.add_request(0, first, max_tokens=2)
     list(drive(ex, sched))
+    if poison:
+        gen = torch.Generator().manual_seed(23)
+        for name, ring in ex.caches.items():
+            if name.startswith("swa."):
+                ex.caches[name] = torch.randint(0, 256, ring.shape, dtype=torch.uint8, generator=gen)
     second = first[:64] + fx.prompt(22, 10)
     sched.add_request(1, second, max_tokens=3)
     return sched, list(drive(ex, sched)), second
@@ -207,12 +221,37 @@ def test_exact_prefix_hit_equals_a_cold_run(model_dir: Path, tiny: Any, num_slot
     assert outputs == want
 
 
-@pytest.mark.parametrize(("replay", "skip"), [("window", True), ("exact", False)])
-def test_short_replay_or_unmasked_replay_rows_are_not_exact(
-    model_dir: Path, tiny: Any, replay: str, skip: bool
-) -> None:
-    """Controls for the test above: with a fresh slot, replaying only the window leaves stale SWA state,
-    and letting replay rows overwrite the shared cached entries corrupts them: both change the logits."""
-    _, plans, second = run_prefix_hit(tiny, replay, 2, skip)
+def test_unmasked_replay_rows_are_not_exact(model_dir: Path, tiny: Any) -> None:
+    """Control for the test above: letting replay rows overwrite the shared cached entries corrupts them."""
+    _, plans, second = run_prefix_hit(tiny, "exact", 2, skip=False)
     first_sampled = next(logits for plan, logits, _ in plans if len(plan.sample_rows))
     assert not torch.equal(first_sampled[0], cold_logits(model_dir, second)[-1])
+
+
+def _sampled(plans: list) -> list[torch.Tensor]:
+    return [logits for plan, logits, _ in plans if len(plan.sample_rows)]  # the model returns sampled rows
+
+
+def test_window_replay_is_deterministic_but_approximate(model_dir: Path, tiny: Any) -> None:
+    """Window replay starts one window before the hit (64 - 8 = 56, a group boundary of every ratio);
+    attention reads no SWA key below that start, so a fresh slot, a reused slot and a slot full of random
+    bytes give the same logits bit for bit. The replayed rows' truncated windows make it differ from a
+    cold run."""
+    sched, fresh, second = run_prefix_hit(tiny, "window", 2, skip=True)
+    assert sched.config.replay_tokens == 8 and sched.native.prefix_hit_tokens == 64
+    assert [int(plan.seq_start[0]) for plan, _, _ in fresh] == [56, 74, 75]  # replay + prompt, 2 decodes
+    assert all(plan.seq_window_start.tolist() == [56] for plan, _, _ in fresh)  # prefill and decode steps
+    runs = {
+        "reused": run_prefix_hit(tiny, "window", 1, skip=True)[1],
+        "poisoned": run_prefix_hit(tiny, "window", 1, skip=True, poison=True)[1],
+    }
+    want = _sampled(fresh)
+    assert len(want) == 3
+    for name, plans in runs.items():
+        assert all(plan.seq_window_start.tolist() == [56] for plan, _, _ in plans), name
+        got = _sampled(plans)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), name
+    assert not torch.equal(want[0][0], cold_logits(model_dir, second)[-1])
+    # Control: with the window start hidden, the poisoned ring's bytes reach the logits.
+    unmasked = run_prefix_hit(tiny, "window", 1, skip=True, poison=True, mask_window=False)[1]
+    assert not torch.equal(_sampled(unmasked)[0], want[0])

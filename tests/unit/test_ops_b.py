@@ -47,6 +47,7 @@ ATTN = [tt((T, 4, 64), "f32"), tt((T, 64), "f32"), tt((3, 14, 66), "u8"), tt((4,
     tt((T,)),
     tt((S,)),
     tt((S,)),
+    tt((S,)),
     tt((9, 4, 36), "u8"),
     tt((S, 5)),
     tt((T, 3)),
@@ -90,18 +91,19 @@ BAD_TYPES = [
     (
         "attention",
         {"window": 8, "softmax_scale": 0.1},
-        _replace(ATTN, 8, tt((9, 4, 66), "u8")),
+        _replace(ATTN, 9, tt((9, 4, 66), "u8")),
         "entry bytes of pool",
     ),
-    ("attention", {"window": 8, "softmax_scale": 0.1}, _replace(ATTN, 9, tt((4, 5))), "rows of block_table"),
+    ("attention", {"window": 8, "softmax_scale": 0.1}, _replace(ATTN, 10, tt((4, 5))), "rows of block_table"),
     (
         "attention",
         {"window": 8, "softmax_scale": 0.1},
-        _replace(ATTN, 10, tt((T, 3), "i64")),
+        _replace(ATTN, 11, tt((T, 3), "i64")),
         "topk must have",
     ),
     ("attention", {"window": 15, "softmax_scale": 0.1}, ATTN, "ring length R .* expected >= window 15"),
-    ("attention", {"window": 8, "softmax_scale": 0.1}, ATTN[:9], "takes 8 operands"),
+    ("attention", {"window": 8, "softmax_scale": 0.1}, ATTN[:10], "takes 9 operands"),
+    ("attention", {"window": 8, "softmax_scale": 0.1}, _replace(ATTN, 8, tt((7,))), "seq_window_start"),
 ]
 
 
@@ -126,7 +128,7 @@ def test_shape_rules_accept_the_contract_types() -> None:
     assert topk == tt((T, 5), "i32")
     attn = make_graph(lambda *xs: A.attention(*xs, window=8, softmax_scale=0.1), *ATTN).outputs[0].type
     assert attn == ATTN[0]
-    swa_only = make_graph(lambda *xs: A.attention(*xs, window=8, softmax_scale=0.1), *ATTN[:8])
+    swa_only = make_graph(lambda *xs: A.attention(*xs, window=8, softmax_scale=0.1), *ATTN[:9])
     assert swa_only.outputs[0].type == ATTN[0]
 
 
@@ -420,9 +422,9 @@ def _attention(args: list[torch.Tensor], window: int, scale: float) -> torch.Ten
         tt((T, args[1].shape[1]), "f32"),
         tt(tuple(args[2].shape), "u8"),
     ]
-    types += [tt(tuple(args[3].shape), "f32"), tt((T,)), tt((T,)), tt((S,)), tt((S,))]
-    if len(args) == 11:
-        types += [tt(tuple(args[8].shape), "u8"), tt((S, args[9].shape[1])), tt((T, args[10].shape[1]))]
+    types += [tt(tuple(args[3].shape), "f32"), tt((T,)), tt((T,)), tt((S,)), tt((S,)), tt((S,))]
+    if len(args) == 12:
+        types += [tt(tuple(args[9].shape), "u8"), tt((S, args[10].shape[1])), tt((T, args[11].shape[1]))]
     return run1(lambda *xs: A.attention(*xs, window=window, softmax_scale=scale), types, args)["out"]
 
 
@@ -443,7 +445,7 @@ def test_attention_reads_chunk_rows_ring_and_selected_entries() -> None:
     q[3] = float("nan")
     kv = fp8_g32_qdq(torch.stack([history[0, 6], history[0, 7], history[0, 8], history[0, 0], history[1, 2]]))
     sink = torch.randn(nh, generator=gen)
-    args = [q, kv, ring, sink, i32(pos), i32(ids), i32([2, 0]), i32([6, 2]), pool, table, topk]
+    args = [q, kv, ring, sink, i32(pos), i32(ids), i32([2, 0]), i32([6, 2]), i32([0, 0]), pool, table, topk]
     got = _attention(args, window, scale)
     for t, (p, s) in enumerate(zip(pos, ids, strict=True)):
         if s < 0:
@@ -453,9 +455,43 @@ def test_attention_reads_chunk_rows_ring_and_selected_entries() -> None:
         sel = [nvfp4_g16_qdq(compressed[int(table[s, g // 2]), g % 2]) for g in topk[t].tolist() if g >= 0]
         want = refs.attend(q[t], torch.stack(swa + sel), sink, scale)
         torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-6)
-    swa_only = _attention(args[:8], window, scale)
+    swa_only = _attention(args[:9], window, scale)
     want = refs.attend(q[4], torch.stack([fp8_g32_qdq(history[1, x]) for x in range(3)]), sink, scale)
     torch.testing.assert_close(swa_only[4], want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_reads_no_swa_key_below_seq_window_start() -> None:
+    """A prefix hit's replay start: SWA keys below seq_window_start (a reused ring slot's stale entries)
+    are not keys, whatever the ring holds there; keys at or above it and compressed entries still count."""
+    gen = torch.Generator().manual_seed(6)
+    nh, hd, window, ring_len, scale = 2, 64, 6, 8, 0.125
+    history = torch.randn(12, hd, generator=gen)  # this request's SWA keys, positions 0..11
+    first = 8  # replay start: the ring holds this request's keys from position 8 on
+    ring = CF.fp8_g32_encode(torch.randn(1, ring_len, hd, generator=gen))  # stale: another request's
+    for pos in range(first, 10):  # positions 8, 9 written by an earlier replay chunk
+        ring[0, pos % ring_len] = CF.fp8_g32_encode(history[pos])
+    compressed = torch.randn(2, 2, hd, generator=gen)
+    pool, table = CF.nvfp4_g16_encode(compressed), torch.tensor([[1, 0]], dtype=torch.int32)
+    pos = [10, 11]  # this chunk: positions 10, 11 (seq_start 10); windows reach back to 5 and 6
+    topk = torch.tensor([[0, 3], [2, -1]], dtype=torch.int32)
+    q, sink = torch.randn(2, nh, hd, generator=gen), torch.randn(nh, generator=gen)
+    kv = fp8_g32_qdq(history[10:12])
+    per_seq = [i32([0]), i32([10]), i32([first])]
+    args = [q, kv, ring, sink, i32(pos), i32([0, 0]), *per_seq, pool, table, topk]
+    got = _attention(args, window, scale)
+    for t, p in enumerate(pos):
+        swa = [fp8_g32_qdq(history[x]) for x in range(max(first, p - window + 1), p + 1)]
+        sel = [nvfp4_g16_qdq(compressed[int(table[0, g // 2]), g % 2]) for g in topk[t].tolist() if g >= 0]
+        want = refs.attend(q[t], torch.stack(swa + sel), sink, scale)
+        torch.testing.assert_close(got[t], want, rtol=1e-5, atol=1e-6)
+    below, kept = ring.clone(), ring.clone()
+    for x in range(4, first):  # positions 4..7: inside the windows, below the replay start
+        below[0, x % ring_len] = CF.fp8_g32_encode(100 * torch.randn(hd, generator=gen))
+    kept[0, first % ring_len] = CF.fp8_g32_encode(100 * torch.randn(hd, generator=gen))
+    assert torch.equal(_attention([*args[:2], below, *args[3:]], window, scale), got)
+    assert not torch.equal(_attention([*args[:2], kept, *args[3:]], window, scale), got)
+    at_zero = _attention([*args[:8], i32([0]), *args[9:]], window, scale)  # control: the stale keys count
+    assert not torch.equal(at_zero, got)
 
 
 def test_attention_keeps_bf16_queries_in_bf16_and_computes_in_f32() -> None:
@@ -463,9 +499,9 @@ def test_attention_keeps_bf16_queries_in_bf16_and_computes_in_f32() -> None:
     hd = 64
     q, kv = torch.randn(3, 2, hd, generator=gen).bfloat16(), torch.randn(3, hd, generator=gen).bfloat16()
     ring = torch.zeros(1, 4, hd + 2, dtype=torch.uint8)
-    rest = [ring, torch.randn(2, generator=gen), i32([0, 1, 2]), i32([0, 0, 0]), i32([0]), i32([0])]
+    rest = [ring, torch.randn(2, generator=gen), i32([0, 1, 2]), i32([0, 0, 0]), i32([0]), i32([0]), i32([0])]
     types = [tt((T, 2, hd), "bf16"), tt((T, hd), "bf16"), tt((1, 4, hd + 2), "u8"), tt((2,), "f32")]
-    types += [tt((T,)), tt((T,)), tt((S,)), tt((S,))]
+    types += [tt((T,)), tt((T,)), tt((S,)), tt((S,)), tt((S,))]
     fn = lambda *xs: A.attention(*xs, window=4, softmax_scale=0.125)  # noqa: E731
     got = run1(fn, types, [q, kv, *rest])["out"]
     want = _attention([q.float(), kv.float(), *rest], 4, 0.125)
@@ -485,6 +521,7 @@ def test_attention_errors_on_a_selected_entry_in_an_unallocated_block() -> None:
         i32([0]),
         i32([0]),
         i32([3]),
+        i32([0]),
         pool,
         torch.tensor([[1, -1]], dtype=torch.int32),
         torch.tensor([[1, 2]], dtype=torch.int32),

@@ -114,6 +114,7 @@ def _attend_types(layer: Layer) -> dict[str, TensorType]:
     per_seq = {
         "seq_slot": tt((S,)),
         "seq_start": tt((S,)),
+        "seq_window_start": tt((S,)),
         "seq_end": tt((S,)),
         "block_table": tt((S, layer.table_width)),
     }
@@ -132,7 +133,7 @@ def _attend_graph(layer: Layer):  # type: ignore[no-untyped-def]
         scores = A.index_scores(x["qi"], x["wi"], pool_idx, x["block_table"], *rows, ratio=layer.ratio)
         cand = A.candidate_mask(scores, block_size=layer.cand_block, topk_blocks=layer.cand_topk)
         topk = A.topk_select(C.where(cand, scores, x["neg_inf"]), k=layer.k)
-        seqs = (x["seq_slot"], x["seq_start"])
+        seqs = (x["seq_slot"], x["seq_start"], x["seq_window_start"])
         out = A.attention(
             x["q"], x["kv"], x["ring"], x["sink"], *rows, *seqs, pool_kv, x["block_table"], topk,
             window=layer.window, softmax_scale=layer.width**-0.5,
@@ -167,7 +168,7 @@ def _run_step(layer: Layer, graphs: tuple, data: dict, caches: dict, chunks: lis
     positions, ids, data_rows = _step_rows(chunks)
     pos, seq_ids = i32(positions), i32(ids)
     per_seq = {"seq_slot": i32([SLOT[s] for s, _, _ in chunks]), "seq_start": i32([a for _, a, _ in chunks])}
-    per_seq |= {"seq_end": i32([b for _, _, b in chunks])}
+    per_seq |= {"seq_end": i32([b for _, _, b in chunks]), "seq_window_start": i32([0] * len(chunks))}
     per_seq |= {"block_table": torch.tensor([TABLES[s] for s, _, _ in chunks], dtype=torch.int32)}
     weights = [data["wkv"]] + ([data["wgate"], caches["state"]] if layer.ratio == 2 else [])
     u = _rows(data["u"], data_rows)
