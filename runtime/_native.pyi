@@ -388,6 +388,11 @@ class Scheduler:
         Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per sampled row, after pending aborts (token -1).
         """
 
+    def advance(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[list[tuple[int, int, bool, str | None]], StepPlan]:
+        """
+        update(sampled) then schedule() in one call: (events of the committed step, the next plan).
+        """
+
     def allocation(self, rid: int) -> Allocation: ...
 
     def handoff(self, rid: int) -> Allocation:

@@ -105,6 +105,7 @@ class Engine:
         )
         self.sampler = Sampler(cfg.text.vocab_size)
         self.live: dict[int, _Live] = {}
+        self._plan = None  # the plan of the next step, made by the last `advance`
 
     def _cache_sizes(self) -> CacheSizes:
         c, geo = self.config, self.model.geo
@@ -193,24 +194,33 @@ class Engine:
         return logits[:n]
 
     def step(self) -> list[TokenEvent]:
-        """One scheduled model step; returns the tokens it produced (one event per sampled request)."""
-        plan = self.scheduler.schedule()
+        """One model step; returns the tokens it produced (one event per sampled request).
+
+        The plan of a step is made by the previous step's single native call (`advance`: commit that
+        step, plan this one), so a request added in between joins one step later.
+        """
+        plan = self._plan if self._plan is not None else self.scheduler.schedule()
+        self._plan = None
         if plan.bucket == 0:
-            return []
+            events, self._plan = self.scheduler.advance([])
+            return [self._abort_event(e) for e in events if e.reason == "abort"]
         logits = self._run(plan)
         rids = [int(r) for r in plan.sample_rids]
-        if not rids:
-            self.scheduler.update([])
-            return []
-        positions = (
-            torch.from_numpy(np.array(plan.positions))[torch.from_numpy(np.array(plan.sample_rows)).long()]
-            + 1
-        )
-        s = self.sampler.sample(
-            logits, [self.live[r].params for r in rids], [self.live[r].seed for r in rids], positions
-        )
-        events = {e.rid: e for e in self.scheduler.update(s.tokens.numpy())}
-        return [self._commit(i, rid, s, events.get(rid)) for i, rid in enumerate(rids)]
+        positions = torch.from_numpy(np.array(plan.positions))[
+            torch.from_numpy(np.array(plan.sample_rows)).long()
+        ]
+        live = [self.live[r] for r in rids]
+        s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
+        events, self._plan = self.scheduler.advance(s.tokens.numpy())
+        by_rid = {e.rid: e for e in events}
+        return [
+            self._commit(i, rid, s, by_rid.get(rid))
+            for i, rid in enumerate(rids)
+            if self.live[rid].finish is None
+        ]
+
+    def _abort_event(self, e) -> TokenEvent:  # type: ignore[no-untyped-def]
+        return TokenEvent(e.rid, -1, "", 0.0, [], True, "abort")
 
     def _commit(self, i: int, rid: int, s, event) -> TokenEvent:  # type: ignore[no-untyped-def]
         live, token = self.live[rid], int(s.tokens[i])

@@ -206,6 +206,11 @@ class Scheduler:
     def update(self, sampled: Sequence[int] | np.ndarray) -> list[StepEvent]:
         return [StepEvent(*e) for e in self.native.update(as_tokens(sampled, "sampled"))]
 
+    def advance(self, sampled: Sequence[int] | np.ndarray) -> tuple[list[StepEvent], StepPlan]:
+        """`update(sampled)` then `schedule()` in one native call: the engine's one crossing per step."""
+        events, plan = self.native.advance(as_tokens(sampled, "sampled"))
+        return [StepEvent(*e) for e in events], plan
+
     def handoff(self, rid: int) -> Allocation:
         return self.native.handoff(rid)
 

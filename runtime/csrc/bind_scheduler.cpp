@@ -2,6 +2,7 @@
 // Scheduler. schedule() and update() run without the GIL; Python addresses
 // ratios by value.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -10,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "bindings.h"
 #include "scheduler.h"
@@ -34,12 +36,7 @@ StopParams stop_params(int32_t max_tokens, int32_t eos_id, bool ignore_eos, std:
     return StopParams{max_tokens, eos_id, ignore_eos, std::move(stop_ids)};
 }
 
-std::vector<Event> update(Scheduler &s, const TokensIn &sampled) {
-    std::vector<StepEvent> events;
-    {
-        nb::gil_scoped_release release;
-        events = s.update(span_of(sampled));
-    }
+std::vector<Event> to_events(std::vector<StepEvent> &events) {
     std::vector<Event> out;
     for (StepEvent &e : events) {
         std::optional<std::string> reason;
@@ -49,6 +46,27 @@ std::vector<Event> update(Scheduler &s, const TokensIn &sampled) {
         out.emplace_back(e.rid, e.token, e.finished, std::move(reason));
     }
     return out;
+}
+
+std::vector<Event> update(Scheduler &s, const TokensIn &sampled) {
+    std::vector<StepEvent> events;
+    {
+        nb::gil_scoped_release release;
+        events = s.update(span_of(sampled));
+    }
+    return to_events(events);
+}
+
+// The engine's one crossing per step: commit the step that ran, then plan the next one.
+std::pair<std::vector<Event>, StepPlan> advance(Scheduler &s, const TokensIn &sampled) {
+    std::vector<StepEvent> events;
+    StepPlan plan;
+    {
+        nb::gil_scoped_release release;
+        events = s.update(span_of(sampled));
+        plan = s.schedule();
+    }
+    return {to_events(events), std::move(plan)};
 }
 
 void bind_config(nb::module_ &m) {
@@ -117,6 +135,8 @@ void bind_requests(nb::class_<Scheduler> &c) {
             "update", &update, "sampled"_a.noconvert(),
             "Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per "
             "sampled row, after pending aborts (token -1).")
+        .def("advance", &advance, "sampled"_a.noconvert(),
+             "update(sampled) then schedule() in one call: (events of the committed step, the next plan).")
         .def("allocation", &Scheduler::allocation, "rid"_a)
         .def("handoff", &Scheduler::handoff, "rid"_a,
              "A PROMPT engine's finished request: its slot and pages.")

@@ -155,3 +155,36 @@ def test_prompt_logprobs_equal_log_softmax_of_a_full_prefill(model_dir) -> None:
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
     for pos in range(1, len(prompt)):
         assert abs(out.prompt_logprobs[pos] - float(want[pos - 1, prompt[pos]])) < 1e-6, pos
+
+
+class _CountingNative:
+    """Forwards to the native scheduler, counting the per-step calls."""
+
+    def __init__(self, native) -> None:  # type: ignore[no-untyped-def]
+        self.native, self.calls = native, []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        attr = getattr(self.native, name)
+        if name in ("schedule", "update", "advance"):
+            return lambda *a: (self.calls.append(name), attr(*a))[1]
+        return attr
+
+
+def test_one_native_call_per_step(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=256, max_num_batched_tokens=16)
+    counting = _CountingNative(llm.engine.scheduler.native)
+    llm.engine.scheduler.native = counting
+    steps = 0
+    step = llm.engine.step
+
+    def counted_step():  # type: ignore[no-untyped-def]
+        nonlocal steps
+        steps += 1
+        return step()
+
+    llm.engine.step = counted_step  # type: ignore[method-assign]
+    llm.generate(PROMPTS[:4], GREEDY)
+    assert steps > 5
+    assert counting.calls[0] == "schedule" and counting.calls[1:] == ["advance"] * (len(counting.calls) - 1)
+    # every step makes exactly one `advance` (commit it, plan the next); only the first also plans itself
+    assert counting.calls.count("advance") == steps and len(counting.calls) == steps + 1
