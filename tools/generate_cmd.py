@@ -93,4 +93,8 @@ def main(args: argparse.Namespace) -> int:
         f"{generated} tokens generated for {prompt_tokens} prompt tokens in {seconds:.2f} s "
         f"({generated / seconds:.1f} tokens/s)"
     )
+    looked_up, hit = llm.engine.prefix_cache_stats()
+    print(
+        f"prefix cache: {hit} of {looked_up} prompt tokens served from cache ({hit / max(looked_up, 1):.0%})"
+    )
     return 0 if all(f.error is None for f in finals.values()) else 2

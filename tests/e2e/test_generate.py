@@ -17,6 +17,7 @@ def test_generate_on_embedded_default(tmp_path, monkeypatch, capsys: pytest.Capt
     assert "weights are random" in out
     assert "prompt: 'w1 W2 w3'" in out and "output: '" in out
     assert "4 tokens generated for 3 prompt tokens" in out and "tokens/s" in out
+    assert "prefix cache: 0 of 3 prompt tokens served from cache (0%)" in out
     assert (tmp_path / "dsgraph" / "tiny-v41-seed0" / "config.json").exists()
 
 
