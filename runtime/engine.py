@@ -47,6 +47,12 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.prefix_replay not in ("window", "exact"):
             raise ValueError(f"prefix_replay: {self.prefix_replay!r}, expected 'window' or 'exact'")
+        if self.numerics not in ("serving", "reference"):
+            raise ValueError(f"numerics: {self.numerics!r}, expected 'serving' or 'reference'")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "page_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {value!r}, expected an integer >= 1")
 
 
 @dataclass

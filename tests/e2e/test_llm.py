@@ -188,3 +188,12 @@ def test_one_native_call_per_step(model_dir) -> None:  # type: ignore[no-untyped
     assert counting.calls[0] == "schedule" and counting.calls[1:] == ["advance"] * (len(counting.calls) - 1)
     # every step makes exactly one `advance` (commit it, plan the next); only the first also plans itself
     assert counting.calls.count("advance") == steps and len(counting.calls) == steps + 1
+
+
+def test_engine_config_errors_name_the_field(model_dir) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="max_num_seqs: 0, expected an integer >= 1"):
+        LLM(model_dir, max_num_seqs=0)
+    with pytest.raises(ValueError, match="numerics: 'fp64'"):
+        LLM(model_dir, numerics="fp64")
+    with pytest.raises(TypeError, match="no_such_option"):
+        LLM(model_dir, no_such_option=1)
