@@ -78,6 +78,7 @@ class MoeExpertsParams:
     weight_format: str = "dense"
     act_quant: str = "none"
     out_dtype: str = "f32"
+    gemm_out_dtype: str = "f32"
 
 
 def _expert_weight_types(p: MoeExpertsParams, ws: tuple[TensorType, ...], hidden: Dim) -> Dim:
@@ -117,6 +118,8 @@ def _moe_experts_rule(p: MoeExpertsParams, ts: tuple[TensorType, ...]) -> tuple[
     if p.act_quant not in ACT_QUANTS:
         raise ShapeError(f"act_quant {p.act_quant!r} is not one of {list(ACT_QUANTS)}")
     _require_out_dtype(p.out_dtype)
+    if p.gemm_out_dtype not in ACTIVATION_DTYPES:
+        raise ShapeError(f"gemm_out_dtype {p.gemm_out_dtype!r} is not one of {list(ACTIVATION_DTYPES)}")
     _require_limit(p.swiglu_limit, "swiglu_limit")
     want = 6 if p.weight_format == "dense" else 9
     if len(ts) != want:
@@ -148,8 +151,10 @@ moe_experts = declare_op(
     "[E, I, H] and w2 [E, H, I] float (6 operands); 'mxfp4_rows': w1, w3 i8 [E, I, H/2] and w2 i8 "
     "[E, H, I/2] packed E2M1 (low nibble = even column) with e8m0 row scales s1, s3 [E, I, H/32] and s2 "
     "[E, H, I/32] (9 operands). GEMMs and the activation in f32; act_quant 'none' rounds a to x's dtype "
-    "before w2, 'fp8_g32' FP8-qdqs x (before w1/w3) and a (before w2) per 32 columns (DeepInfer); the "
-    "experts' outputs accumulate in f32, cast once to out_dtype. An id >= E is an error naming the row.",
+    "before w2, 'fp8_g32' FP8-qdqs x (before w1/w3) and a (before w2) per 32 columns (DeepInfer); "
+    "gemm_out_dtype rounds each expert's w1 x and w3 x (before the clamp) and its w2 output (before the "
+    "sum) to that dtype ('bf16': DeepInfer's GEMM outputs; 'f32': no rounding). The experts' outputs "
+    "accumulate in f32, cast once to out_dtype. An id >= E is an error naming the row.",
 )
 
 

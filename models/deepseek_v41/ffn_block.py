@@ -31,8 +31,16 @@ def moe(f: Forward, layer: int, u: Tracer, *, prefix: str | None = None) -> Trac
         routed_scaling=float(t.routed_scaling_factor),
     )
     operands, fmt = _expert_args(f, p)
+    # serving: each routed expert's gate/up and down GEMM outputs are BF16; the combine adds in f32 (5b)
     routed = op.moe_experts(
-        u, ids, weights, *operands, swiglu_limit=float(t.swiglu_limit), out_dtype="f32", **fmt
+        u,
+        ids,
+        weights,
+        *operands,
+        swiglu_limit=float(t.swiglu_limit),
+        out_dtype="f32",
+        gemm_out_dtype=f.num.act_dtype,
+        **fmt,
     )
     sp = p + "ffn.shared_experts."
     g = f.linear(u, sp + "w1.weight")  # serving: BF16 gate/up GEMM outputs (5b)

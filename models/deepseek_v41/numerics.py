@@ -11,7 +11,8 @@ head weights (it does not change rankings). The cache-format value boundaries ho
 and weights_proj, the shared expert's w1/w3/w2), norm and RoPE outputs (also on the SWA KV, compressed KV and
 index paths, so their FP8/FP4 scales come from BF16 values) and the compressor latent. Where DeepInfer's
 kernel writes FP8 straight from its f32 accumulator (the wo_a einsum, swiglu+cast) there is no BF16 step.
-Not yet: the routed experts' BF16 gate/up and down outputs, which live inside the `moe_experts` op.
+Inside the routed experts (`moe_experts` with `gemm_out_dtype=act_dtype`) each expert's gate/up GEMM
+outputs are BF16 before the clamp and its down output is BF16 before the f32 combine (5b).
 """
 
 from __future__ import annotations

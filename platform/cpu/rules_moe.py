@@ -70,6 +70,13 @@ def _gemm_input(p: Any, a: Tensor, dtype: torch.dtype) -> Tensor:
     return a.to(dtype).float()
 
 
+def _gemm(p: Any, a: Tensor, w: Tensor) -> Tensor:
+    """One expert GEMM a . w^T in f32, its output rounded to gemm_out_dtype (element-wise, so batch
+    invariant; DeepInfer's expert GEMMs write BF16)."""
+    y = rowwise_linear(a, w)
+    return y if p.gemm_out_dtype == "f32" else y.to(to_torch(p.gemm_out_dtype)).float()
+
+
 def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) -> Tensor:
     _check_ids(ids, ws[0].shape[0])
     xin = _gemm_input(p, x, x.dtype)
@@ -78,11 +85,9 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
         rows, slots = torch.nonzero(ids == e, as_tuple=True)
         w1, w3, w2 = _expert_weights(p, e, ws)
         h = xin[rows]
-        act = (
-            swiglu_f32(rowwise_linear(h, w1), rowwise_linear(h, w3), p.swiglu_limit)
-            * weights[rows, slots, None]
-        )
-        out.index_add_(0, rows, rowwise_linear(_gemm_input(p, act, x.dtype), w2))
+        act = swiglu_f32(_gemm(p, h, w1), _gemm(p, h, w3), p.swiglu_limit) * weights[rows, slots, None]
+        # A row's experts add in increasing id order whatever the batch: the f32 sum is batch invariant.
+        out.index_add_(0, rows, _gemm(p, _gemm_input(p, act, x.dtype), w2))
     return out.to(to_torch(p.out_dtype))
 
 

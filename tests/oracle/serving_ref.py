@@ -12,7 +12,8 @@ functions of NeMo's attention module for the time of one forward. The codecs are
 - BF16 rounding where DeepInfer has BF16 values: the residual streams after each mHC expand and after
   Engram [4a, 4c]; the stream collapses (inputs of attn_norm, ffn_norm, the final norm) [4a]; the outputs
   of attn_norm, q_norm, kv_norm, the compressor norm, the index k_norm, ffn_norm and the final norm [1a];
-  the GEMM outputs of wq_a, wq_b, wkv, wo_b, the indexer wq_b and wk, the shared expert's w1/w3/w2 [2d, 5b];
+  the GEMM outputs of wq_a, wq_b, wkv, wo_b, the indexer wq_b and wk, the shared expert's w1/w3/w2, each
+  routed expert's gate/up output (before the clamp) and down output (before NeMo's FP32 combine) [2d, 5b];
   the pooled (ratio 2) or projected (ratio 1) compressor latent before its norm [3a]; the indexer head
   weights (weights_proj output) [3b]; every forward RoPE output (query, SWA KV, compressed KV, index keys and
   queries: FP8/NVFP4/MXFP4 amax is taken over BF16 values) and the attention output before and after the
@@ -20,12 +21,12 @@ functions of NeMo's attention module for the time of one forward. The codecs are
   accumulation and logits [6].
 - Straight from FP32 to FP8, with no BF16 rounding first: the wo_a output (the input of wo_b; DeepInfer's
   einsum writes FP8) and the SwiGLU outputs (the inputs of the shared and routed w2; fused swiglu+cast) [2d].
-- Left in FP32: the mHC coefficients; the routed experts' gate/up and down outputs (see `STRICT_ONLY`).
+- Left in FP32: the mHC coefficients; the routed experts' combine (DeepEP's accumulation cannot be read).
 - NVFP4 compressed-cache values by reciprocal multiply, x * fl32(1/sf) [2c]; no 1/sqrt(heads * dim)
   scale on the indexer head weights [3b]. FP8 SWA KV and MXFP4 index Q/K stay NeMo's own.
 
-`strict=True` adds the one further BF16 point that DeepInfer has, our graph does not and a hook can reach
-(`STRICT_ONLY`), so a test can measure what leaving it out costs.
+`routed_bf16=False` leaves the routed experts' BF16 gate/up and down outputs out (`ROUTED_BF16`), so a test
+can show that the match sees them.
 
 `boundaries=` collects NeMo's values where our graph records its own (`trace_step(debug=True)`): the inputs of
 the cache quantizer (`kv`, `ckv`, `kidx`, `iq`) and the indexer head weights without NeMo's scale (`iw`), by
@@ -46,15 +47,15 @@ from torch import Tensor, nn
 from dsgraph.platform.cpu.quant import fp8_g32_qdq, nvfp4_g16_qdq
 from tests.oracle.nemo_ref import nemo_logits
 
-__all__ = ["NOT_EMULATED", "STRICT_ONLY", "Boundaries", "serving_logits", "serving_numerics"]
+__all__ = ["ROUTED_BF16", "Boundaries", "serving_logits", "serving_numerics"]
 
 Boundaries = dict[tuple[int, str], Tensor]  # (layer, kind) -> NeMo's values [rows, ...], batch dim dropped
 
-# DeepInfer's BF16 points that our serving graph leaves out (with `strict=True` this module adds them). Both
-# live inside the `moe_experts` op (platform/cpu/rules_moe.py). The second one is not emulated even in strict
-# mode: NeMo sums the routed experts' down outputs inside one loop, with no hook point.
-STRICT_ONLY = ("routed experts: gate/up GEMM outputs rounded to BF16 before the clamp [5b]",)
-NOT_EMULATED = ("routed experts: each expert's down output rounded to BF16 before the combine [5b]",)
+# DeepInfer's BF16 points inside the routed experts (our `moe_experts` op, gemm_out_dtype): `routed_bf16`.
+ROUTED_BF16 = (
+    "routed experts: gate/up GEMM outputs rounded to BF16 before the clamp [5b]",
+    "routed experts: each expert's down output rounded to BF16 before the combine [5b]",
+)
 
 
 def _bf16(x: Tensor) -> Tensor:
@@ -158,14 +159,34 @@ def _indexer(pts: _Points, indexer: nn.Module, rec: _Recorder) -> None:
         pts.after(indexer.k_norm, _bf16)
 
 
-def _moe(pts: _Points, ffn: nn.Module, strict: bool) -> None:
+class _BF16Product:
+    """The input of an expert's down GEMM as NeMo's per-expert loop uses it: `a @ w2` is the only thing
+    the loop does with it, so this rounds each expert's down output to BF16 before the FP32 combine."""
+
+    def __init__(self, a: Tensor) -> None:
+        self.a = a
+
+    def __matmul__(self, w2: Tensor) -> Tensor:
+        return _bf16(self.a @ w2)
+
+
+def _moe(pts: _Points, ffn: nn.Module, routed_bf16: bool) -> None:
     experts, shared = ffn.experts, ffn.shared_experts
+    after_down = experts.config.apply_router_weight_after_down
+    if routed_bf16 and (experts.use_torch_mm or after_down):
+        raise RuntimeError(
+            f"serving_ref: experts with use_torch_mm={experts.use_torch_mm}, apply_router_weight_after_down="
+            f"{after_down}; the routed BF16 points need the per-expert loop (False) with the routing weight "
+            "before down (False)"
+        )
     pts.before(experts, _fp8)
     activation = experts.expert_activation_grouped
 
-    def weighted_swiglu(gate_up: Tensor, probs: Tensor) -> Tensor:
-        # The weighted SwiGLU output is the input of w2.
-        return _fp8(activation(_bf16(gate_up) if strict else gate_up, probs))
+    def weighted_swiglu(gate_up: Tensor, probs: Tensor) -> Tensor | _BF16Product:
+        if not routed_bf16:
+            return _fp8(activation(gate_up, probs))
+        # BF16 gate/up outputs; the weighted SwiGLU output is w2's FP8 input; BF16 down output.
+        return _BF16Product(_fp8(activation(_bf16(gate_up), probs)))
 
     pts.attribute(experts, "expert_activation_grouped", weighted_swiglu)
     for linear in (shared.gate_proj, shared.up_proj, shared.down_proj):
@@ -173,7 +194,7 @@ def _moe(pts: _Points, ffn: nn.Module, strict: bool) -> None:
     pts.after(ffn, _bf16)
 
 
-def _block(pts: _Points, layer: nn.Module, strict: bool, rec: _Recorder) -> None:
+def _block(pts: _Points, layer: nn.Module, routed_bf16: bool, rec: _Recorder) -> None:
     if layer.engram is not None:
         pts.after(layer.engram, _bf16)
     for norm in (layer.attn_norm, layer.ffn_norm):
@@ -183,7 +204,7 @@ def _block(pts: _Points, layer: nn.Module, strict: bool, rec: _Recorder) -> None
         expand = hc.expand  # NeMo's staticmethod; shadowed on this instance only
         pts.attribute(hc, "expand", lambda out, res, mix, expand=expand: _bf16(expand(out, res, mix)))
     _attention(pts, layer.attn, rec)
-    _moe(pts, layer.ffn, strict)
+    _moe(pts, layer.ffn, routed_bf16)
 
 
 _NEMO_APPLY_ROPE = nemo_attention._apply_rope
@@ -212,7 +233,7 @@ def _cache_quantizer(rec: _Recorder) -> Callable[..., Tensor]:
 
 @contextmanager
 def serving_numerics(
-    model: nn.Module, *, strict: bool = False, boundaries: Boundaries | None = None
+    model: nn.Module, *, routed_bf16: bool = True, boundaries: Boundaries | None = None
 ) -> Iterator[None]:
     """Within the block, a NeMo `DeepseekV41ForCausalLM` computes with the serving rounding points
     (and fills `boundaries`, when given, with its values at our recorded points)."""
@@ -222,7 +243,7 @@ def serving_numerics(
     try:
         for name, layer in model.model.layers.items():
             pts.before(layer.attn, rec.at_layer(int(name)))
-            _block(pts, layer, strict, rec)
+            _block(pts, layer, routed_bf16, rec)
         pts.before(model.model.norm, _bf16)  # the final collapse
         pts.after(model.model.norm, _bf16)
         pts.attribute(nemo_attention, "_apply_rope", _serving_rope)
@@ -233,8 +254,8 @@ def serving_numerics(
 
 
 def serving_logits(
-    model: nn.Module, ids: list[int], *, strict: bool = False, boundaries: Boundaries | None = None
+    model: nn.Module, ids: list[int], *, routed_bf16: bool = True, boundaries: Boundaries | None = None
 ) -> Tensor:
     """Logits [len(ids), vocab] FP32 of one prompt with the serving rounding points (positions 0..len-1)."""
-    with serving_numerics(model, strict=strict, boundaries=boundaries):
+    with serving_numerics(model, routed_bf16=routed_bf16, boundaries=boundaries):
         return nemo_logits(model, ids)

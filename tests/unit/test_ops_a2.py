@@ -122,8 +122,14 @@ def _silu(x: float) -> float:
     return x / (1.0 + math.exp(-x))
 
 
-def _experts_by_hand(x, ids, weights, w1, w3, w2, limit, act_quant="none"):  # type: ignore[no-untyped-def]
-    """Row by row, slot by slot (f32), the routing weight multiplied before w2."""
+def _experts_by_hand(x, ids, weights, w1, w3, w2, limit, act_quant="none", bf16_gemms=False):  # type: ignore[no-untyped-def]
+    """Row by row, slot by slot (f32), the routing weight multiplied before w2; `bf16_gemms` rounds every
+    expert GEMM output (w1 x, w3 x, w2 a) to BF16 (DeepInfer)."""
+
+    def gemm(w: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        y = w.float() @ a
+        return y.bfloat16().float() if bf16_gemms else y
+
     out = torch.zeros(x.shape, dtype=torch.float32)
     xin = fp8_g32_qdq(x.float()) if act_quant == "fp8_g32" else x.float()
     for t in range(x.shape[0]):
@@ -131,11 +137,11 @@ def _experts_by_hand(x, ids, weights, w1, w3, w2, limit, act_quant="none"):  # t
             e = int(ids[t, j])
             if e < 0:
                 continue
-            g = (w1[e].float() @ xin[t]).clamp(max=limit)
-            v = (w3[e].float() @ xin[t]).clamp(-limit, limit)
+            g = gemm(w1[e], xin[t]).clamp(max=limit)
+            v = gemm(w3[e], xin[t]).clamp(-limit, limit)
             a = g * torch.sigmoid(g) * v * weights[t, j]
             a = fp8_g32_qdq(a) if act_quant == "fp8_g32" else a.to(x.dtype).float()
-            out[t] += w2[e].float() @ a
+            out[t] += gemm(w2[e], a)
     return out
 
 
@@ -193,6 +199,29 @@ def test_moe_experts_fp8_activations_and_bf16() -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
 
 
+def test_moe_experts_bf16_gemm_outputs_match_hand_loop() -> None:
+    """gemm_out_dtype 'bf16' rounds w1 x and w3 x before the clamp and each expert's w2 output before
+    the f32 sum. The f32 hand loop sums in another order, so sums agree to f32 rounding (the BF16
+    rounding itself is compared exactly through a one-slot, one-expert case)."""
+    x, ids, weights, w1, w3, w2 = _expert_case(4)
+    for act_quant in ("none", "fp8_g32"):
+        got = _experts(x, ids, weights, (w1, w3, w2), act_quant=act_quant, gemm_out_dtype="bf16")
+        want = _experts_by_hand(x, ids, weights, w1, w3, w2, 10.0, act_quant=act_quant, bf16_gemms=True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        plain = _experts(x, ids, weights, (w1, w3, w2), act_quant=act_quant)
+        assert not torch.allclose(got, plain, rtol=1e-4, atol=1e-4), "gemm_out_dtype='bf16' changed nothing"
+    # One expert per row: the output is exactly one BF16-rounded w2 output (f32 holding BF16 values).
+    one = ids[:, :1].clone()
+    got = _experts(x, one, weights[:, :1].contiguous(), (w1, w3, w2), gemm_out_dtype="bf16")
+    assert torch.equal(got, got.bfloat16().float())
+    assert not torch.equal(got, _experts(x, one, weights[:, :1].contiguous(), (w1, w3, w2)))
+    # The rounding is per element: any subset of rows computes its rows bit-equal to the whole batch.
+    for part in (slice(0, 1), slice(2, 5), slice(3, 6)):
+        sub = _experts(x[part], ids[part], weights[part], (w1, w3, w2), gemm_out_dtype="bf16")
+        full = _experts(x, ids, weights, (w1, w3, w2), gemm_out_dtype="bf16")
+        assert torch.equal(sub, full[part]), f"rows {part} depend on the batch"
+
+
 def test_moe_experts_errors() -> None:
     x, ids, weights, w1, w3, w2 = _expert_case(3)
     ids[4, 1] = 5
@@ -206,6 +235,8 @@ def test_moe_experts_errors() -> None:
         _experts(x, ids, weights.half(), (w1, w3, w2))
     with pytest.raises(ShapeError, match="act_quant 'fp4'"):
         _experts(x, ids, weights, (w1, w3, w2), act_quant="fp4")
+    with pytest.raises(ShapeError, match=r"gemm_out_dtype 'fp8' is not one of \['f32', 'bf16', 'f16'\]"):
+        _experts(x, ids, weights, (w1, w3, w2), gemm_out_dtype="fp8")
 
 
 def test_swiglu_clamps_gate_one_sided_and_up_both_sides() -> None:
