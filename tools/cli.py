@@ -6,7 +6,7 @@ import argparse
 import sys
 from importlib import metadata
 
-from dsgraph.tools import generate_cmd, inspect_cmd, make_tiny_cmd
+from dsgraph.tools import generate_cmd, inspect_cmd, make_tiny_cmd, serve_cmd
 
 
 def _version() -> str:
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate_cmd.add_parser(sub)
     inspect_cmd.add_parser(sub)
     make_tiny_cmd.add_parser(sub)
+    serve_cmd.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,147 @@
+"""The ASGI app: POST /v1/chat/completions (SSE or JSON), GET /v1/models, /health, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import deepseek_recipe as dr
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from dsgraph.runtime.engine import Engine, TokenEvent
+from dsgraph.runtime.sampling_params import RequestError
+from dsgraph.runtime.server.engine_loop import EngineLoop
+from dsgraph.runtime.server.metrics import Metrics
+from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
+
+_FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
+
+
+class ServerState:
+    def __init__(self, engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinking: bool) -> None:
+        self.loop = EngineLoop(engine)
+        self.metrics = Metrics(self.loop)
+        self.model_name, self.recipe_tok = model_name, recipe_tok
+        self.options = conversion_options(model_name, thinking)
+        self.max_model_len = engine.model.geo.max_model_len
+        self.eos = engine.cfg.eos_token_id
+
+
+def _chunk(event: TokenEvent, want_logprobs: bool, eos: int) -> dr.InferenceChunk:
+    if event.token == eos and event.finished:
+        return dr.InferenceChunk.text("", 1)  # counted as a completion token, never shown as text
+    lps = [(event.logprob, event.top)] if want_logprobs else None
+    return dr.InferenceChunk.tokens([event.token], lps)
+
+
+async def _recipe_chunks(
+    state: ServerState, prep: Prepared, rid: int, events: asyncio.Queue[TokenEvent]
+) -> AsyncIterator[dr.ChatCompletionChunk]:
+    """Engine events through the recipe's StreamProcessor; aborts the request if the consumer leaves."""
+    parsing = prep.conv.parsing_options
+    gen = dr.ChatCompletionRequest.chunk_generator(
+        prep.conv, f"chatcmpl-{uuid.uuid4().hex}", state.model_name
+    )
+    proc = dr.StreamProcessor(gen, parsing, state.recipe_tok)
+    want_lp = prep.params.logprobs or prep.params.top_logprobs > 0
+    finished = False
+    try:
+        ready = dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=len(prep.prompt_ids)))
+        for out in proc.push(ready):
+            yield out
+        while not finished:
+            event = await events.get()
+            finished = event.finished
+            if event.token >= 0:
+                state.metrics.generated_tokens.inc()
+                for out in proc.push(_chunk(event, want_lp, state.eos)):
+                    yield out
+            if finished and event.finish_reason in _FINISH:
+                for out in proc.push(dr.InferenceChunk.finish(_FINISH[event.finish_reason])):
+                    yield out
+        for out in proc.finish():
+            yield out
+    finally:
+        if not finished:
+            state.loop.abort(rid)
+            proc.close()
+
+
+async def _sse(chunks: AsyncIterator[dr.ChatCompletionChunk]) -> AsyncIterator[str]:
+    async for chunk in chunks:
+        name = dr.ChatCompletionResponse.sse_event_name(chunk)
+        yield (f"event: {name}\n" if name else "") + f"data: {chunk.to_json()}\n\n"
+    done = dr.ChatCompletionResponse.sse_done_data()
+    if done is not None:
+        yield f"data: {done}\n\n"
+
+
+async def _chat(state: ServerState, body: bytes) -> Response:
+    prep = prepare(body, state.options, state.recipe_tok, state.loop.engine.tokenizer, state.max_model_len)
+    try:
+        rid, events = await state.loop.add(prep.prompt_ids, prep.params)
+    except RequestError as exc:
+        raise ApiError(400, str(exc), exc.field) from exc
+    state.metrics.prompt_tokens.inc(len(prep.prompt_ids))
+    chunks = _recipe_chunks(state, prep, rid, events)
+    if prep.stream:
+        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+    response: dr.ChatCompletionResponse | None = None
+    async for chunk in chunks:
+        if response is None:  # id and created come from the generator's first chunk
+            head = _head(chunk)
+            response = dr.ChatCompletionResponse(
+                head["id"], state.model_name, head["created"], len(prep.prompt_ids), 0
+            )
+        response.accumulate(chunk)
+    assert response is not None, "the recipe produced no chunk"
+    return Response(response.to_json(), media_type="application/json")
+
+
+def _head(chunk: dr.ChatCompletionChunk) -> dict[str, Any]:
+    return json.loads(chunk.to_json())
+
+
+def create_app(engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinking: bool = False) -> FastAPI:
+    """The server app around one engine; `app.state.server` holds the engine loop and metrics."""
+    state = ServerState(engine, model_name, recipe_tok, thinking)
+    app = FastAPI(title="dsgraph")
+    app.state.server = state
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        try:
+            resp = await _chat(state, await request.body())
+        except ApiError as exc:
+            resp = JSONResponse(exc.body, status_code=exc.status)
+        state.metrics.requests.labels("chat", str(resp.status_code)).inc()
+        return resp
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "dsgraph",
+            "max_model_len": state.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.loop.error is not None:
+            return JSONResponse({"status": "error", "error": repr(state.loop.error)}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,154 @@
+"""`dsgraph serve` in-process on a loopback port with the tiny random model, driven by the real `openai`
+client and raw httpx: completions (JSON and SSE) with usage, models/health/metrics, bad inputs, disconnect."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client the `openai` package ships on
+import pytest
+import uvicorn
+
+from dsgraph.runtime.engine import Engine, EngineConfig
+from dsgraph.runtime.server.app import create_app
+from dsgraph.runtime.server.protocol import recipe_tokenizer
+from dsgraph.tools.generate_cmd import default_model_dir
+
+openai = pytest.importorskip("openai")
+MODEL = "tiny-test"
+MAX_LEN = 128
+# The tiny tokenizer splits on whitespace only, so the rendered prompt
+# "<bos><User>W3 W5 W7<Assistant></think>" is exactly 3 words: 3 prompt tokens.
+MESSAGES = [{"role": "user", "content": "W3 W5 W7"}]
+
+
+@pytest.fixture(scope="module")
+def server():  # type: ignore[no-untyped-def]
+    root = default_model_dir()
+    engine = Engine(root, EngineConfig(max_model_len=MAX_LEN, max_num_seqs=4))
+    app = create_app(engine, MODEL, recipe_tokenizer(root))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not srv.started:
+        assert time.time() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", app.state.server
+    srv.should_exit = True
+    thread.join(10)
+    app.state.server.loop.close()
+
+
+def _client(url: str):  # type: ignore[no-untyped-def]
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def _check_usage(usage, finish: str, max_tokens: int) -> None:  # type: ignore[no-untyped-def]
+    assert usage.prompt_tokens == 3
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    if finish == "length":
+        assert usage.completion_tokens == max_tokens
+    else:
+        assert finish == "stop" and 1 <= usage.completion_tokens <= max_tokens
+
+
+def test_openai_client_non_streaming_and_streaming_agree(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    client = _client(url)
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, seed=3)
+    out = client.chat.completions.create(**kw, logprobs=True)
+    choice = out.choices[0]
+    assert out.object == "chat.completion" and out.model == MODEL
+    assert choice.message.role == "assistant" and choice.message.content
+    _check_usage(out.usage, choice.finish_reason, 6)
+    # one logprob per shown token; an EOS ending is counted in usage but not shown
+    shown = len(choice.logprobs.content)
+    assert shown == out.usage.completion_tokens - (choice.finish_reason == "stop")
+
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage = [c.usage for c in chunks if c.usage]
+    assert text == choice.message.content and finish == [choice.finish_reason]
+    assert len(usage) == 1 and usage[0].completion_tokens == out.usage.completion_tokens
+    _check_usage(usage[0], finish[0], 6)
+
+
+def test_models_health_metrics(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    assert [m.id for m in _client(url).models.list().data] == [MODEL]
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    _client(url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    text = httpx.get(f"{url}/metrics").text
+    metrics = {
+        line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"
+    }
+    assert metrics['dsgraph_requests_total{endpoint="chat",status="200"}'] >= 1
+    assert metrics["dsgraph_prompt_tokens_total"] >= 3
+    assert metrics["dsgraph_generation_tokens_total"] >= 1
+    assert metrics["dsgraph_num_requests_running"] == 0
+    assert metrics["dsgraph_num_requests_waiting"] == 0
+    assert 0 <= metrics["dsgraph_prefix_cache_hit_rate"] <= 1
+
+
+def _body(**kw) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, **kw}
+
+
+BAD = [
+    ("malformed json", b'{"model": ', 400, "JSON"),
+    ("missing messages", {"model": MODEL}, 400, "messages"),
+    ("messages not a list", _body(messages="hi"), 400, "messages"),
+    ("temperature a string", _body(temperature="hot"), 400, "temperature"),
+    ("max_tokens a float", _body(max_tokens=2.5), 400, "max_tokens"),
+    ("temperature out of range", _body(temperature=-1), 400, "temperature"),
+    ("top_p out of range", _body(top_p=7), 400, "top_p"),
+    ("unknown model", _body(model="gpt-4"), 400, "gpt-4"),
+    ("prompt over the context", _body(messages=[{"role": "user", "content": "W1 " * 200}]), 400, "context"),
+    ("max_tokens over the context", _body(max_tokens=10_000), 400, "context"),
+    (
+        "json_schema",
+        _body(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}),
+        400,
+        "not supported yet",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,body,status,needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_gets_error_then_server_serves(server, name, body, status, needle) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(
+        f"{url}/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert needle.lower() in error["message"].lower(), error
+    assert error["type"] == "invalid_request_error"
+    ok = _client(url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert ok.usage.prompt_tokens == 3
+
+
+def test_streaming_disconnect_frees_the_request(server) -> None:  # type: ignore[no-untyped-def]
+    url, state = server
+    body = _body(max_tokens=MAX_LEN - 8, stream=True, temperature=0, seed=1)
+    before = state.metrics.generated_tokens._value.get()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.time() + 10
+    while not (state.loop.idle and not state.loop.engine.has_unfinished):
+        assert time.time() < deadline, "the disconnected request was not freed"
+        time.sleep(0.02)
+    assert state.metrics.generated_tokens._value.get() - before < MAX_LEN - 8
+    ok = _client(url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert ok.choices[0].finish_reason in ("length", "stop")

@@ -1,0 +1,46 @@
+"""`dsgraph serve`: the OpenAI-compatible HTTP server (runtime/server) on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dsgraph.tools.generate_cmd import default_model_dir
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (the embedded tiny model without --model)"
+    )
+    p.add_argument("--model", help="model directory (config.json, tokenizer.json, safetensors)")
+    p.add_argument("--served-model-name", help="the model name clients send (default: the directory name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--thinking", action="store_true", help="thinking mode for requests that do not choose")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from dsgraph.runtime.engine import Engine, EngineConfig
+    from dsgraph.runtime.server.app import create_app
+    from dsgraph.runtime.server.protocol import recipe_tokenizer
+
+    root = Path(args.model) if args.model else default_model_dir()
+    if not args.model:
+        print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
+    config = EngineConfig(
+        numerics=args.numerics, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs
+    )
+    engine = Engine(root, config)
+    name = args.served_model_name or root.name
+    app = create_app(engine, name, recipe_tokenizer(root), thinking=args.thinking)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        app.state.server.loop.close()
+    return 0
