@@ -75,6 +75,17 @@ class _Live:
 
 
 @dataclass(frozen=True)
+class _Released:
+    """Stands in for a request released while still in the step's plan: its sample is discarded."""
+
+    params: SamplingParams = SamplingParams(temperature=0.0)
+    seed: int = 0
+
+
+_RELEASED = _Released()
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     rid: int
     token: int
@@ -160,6 +171,13 @@ class Engine:
             self.scheduler.abort(rid)
             self.live[rid].finish = "abort"
 
+    def release(self, rid: int) -> None:
+        """Forget a finished request's record once its outputs were read (servers call this per request)."""
+        live = self.live.get(rid)
+        if live is not None and live.finish is None:
+            raise ValueError(f"release: request {rid} has not finished")
+        self.live.pop(rid, None)
+
     def prefix_cache_stats(self) -> tuple[int, int]:
         """(prompt tokens looked up, prompt tokens served from the prefix cache) since the start."""
         n = self.scheduler.native
@@ -215,14 +233,14 @@ class Engine:
         positions = torch.from_numpy(np.array(plan.positions))[
             torch.from_numpy(np.array(plan.sample_rows)).long()
         ]
-        live = [self.live[r] for r in rids]
+        live = [self.live.get(r, _RELEASED) for r in rids]  # a released abort may sit in the plan
         s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
         events, self._plan = self.scheduler.advance(s.tokens.numpy())
         by_rid = {e.rid: e for e in events}
         return [
             self._commit(i, rid, s, by_rid.get(rid))
             for i, rid in enumerate(rids)
-            if self.live[rid].finish is None
+            if rid in self.live and self.live[rid].finish is None
         ]
 
     def _abort_event(self, e) -> TokenEvent:  # type: ignore[no-untyped-def]

@@ -37,7 +37,6 @@ class EngineLoop:
         self._commands: queue.Queue[_Add | _Abort | None] = queue.Queue()
         self._sinks: dict[int, Callable[[TokenEvent], None]] = {}
         self._ids = itertools.count()
-        self._finished: list[int] = []
         self._thread = threading.Thread(target=self._run, name="dsgraph-engine", daemon=True)
         self.error: BaseException | None = None
         self._thread.start()
@@ -80,7 +79,7 @@ class EngineLoop:
             # the engine reports an abort only on an otherwise empty step, so the sink is dropped here
             if self._sinks.pop(cmd.rid, None) is not None:
                 self.engine.abort(cmd.rid)
-                self._finished.append(cmd.rid)
+                self.engine.release(cmd.rid)
             return
         try:
             self.engine.add_request(cmd.rid, cmd.prompt_ids, cmd.params)
@@ -114,9 +113,4 @@ class EngineLoop:
                 sink(event)
             if event.finished:
                 self._sinks.pop(event.rid, None)
-                self._finished.append(event.rid)
-        if not self.engine.has_unfinished:
-            # a finished request may still sit in the plan made by the last step; once idle none does
-            for rid in self._finished:
-                self.engine.live.pop(rid, None)
-            self._finished.clear()
+                self.engine.release(event.rid)  # its events carried everything the handler needs

@@ -199,3 +199,22 @@ def test_engine_config_errors_name_the_field(model_dir) -> None:  # type: ignore
         LLM(model_dir, numerics="fp64")
     with pytest.raises(TypeError, match="no_such_option"):
         LLM(model_dir, no_such_option=1)
+
+
+def test_release_forgets_finished_requests_and_aborted_ones_in_flight(model_dir) -> None:  # type: ignore[no-untyped-def]
+    from dsgraph.runtime.engine import Engine, EngineConfig
+
+    engine = Engine(model_dir, EngineConfig(max_model_len=256))
+    engine.add_request(0, PROMPTS[0], GREEDY)
+    engine.add_request(1, PROMPTS[1], GREEDY)
+    with pytest.raises(ValueError, match="release: request 0 has not finished"):
+        engine.release(0)
+    engine.step()  # both prefilled; the next plan (already made) holds both
+    engine.abort(1)
+    engine.release(1)  # released while still in the next step's plan
+    finished = []
+    while engine.has_unfinished:
+        finished += [e.rid for e in engine.step() if e.finished]
+    assert finished == [0] and 1 not in engine.live
+    engine.release(0)
+    assert engine.live == {}
