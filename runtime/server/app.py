@@ -1,4 +1,5 @@
-"""The ASGI app: POST /v1/chat/completions (SSE or JSON), GET /v1/models, /health, /metrics."""
+"""The ASGI app: POST /v1/chat/completions, /v1/responses, /v1/messages (each SSE or JSON; apis.py),
+GET /v1/models, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import RequestError
+from dsgraph.runtime.server.apis import APIS, Api, Event
+from dsgraph.runtime.server.apis import Response as ApiResponse
 from dsgraph.runtime.server.engine_loop import EngineLoop
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
@@ -41,14 +44,11 @@ def _chunk(event: TokenEvent, want_logprobs: bool, eos: int) -> dr.InferenceChun
 
 
 async def _recipe_chunks(
-    state: ServerState, prep: Prepared, rid: int, events: asyncio.Queue[TokenEvent]
-) -> AsyncIterator[dr.ChatCompletionChunk]:
+    state: ServerState, api: Api, prep: Prepared, rid: int, events: asyncio.Queue[TokenEvent]
+) -> AsyncIterator[Event]:
     """Engine events through the recipe's StreamProcessor; aborts the request if the consumer leaves."""
-    parsing = prep.conv.parsing_options
-    gen = dr.ChatCompletionRequest.chunk_generator(
-        prep.conv, f"chatcmpl-{uuid.uuid4().hex}", state.model_name
-    )
-    proc = dr.StreamProcessor(gen, parsing, state.recipe_tok)
+    gen = prep.generator(prep.conv, f"{api.id_prefix}{uuid.uuid4().hex}", state.model_name)
+    proc = dr.StreamProcessor(gen, prep.conv.parsing_options, state.recipe_tok)
     want_lp = prep.params.logprobs or prep.params.top_logprobs > 0
     finished = False
     try:
@@ -73,39 +73,46 @@ async def _recipe_chunks(
             proc.close()
 
 
-async def _sse(chunks: AsyncIterator[dr.ChatCompletionChunk]) -> AsyncIterator[str]:
+async def _sse(api: Api, chunks: AsyncIterator[Event]) -> AsyncIterator[str]:
     async for chunk in chunks:
-        name = dr.ChatCompletionResponse.sse_event_name(chunk)
+        name = api.response.sse_event_name(chunk)
         yield (f"event: {name}\n" if name else "") + f"data: {chunk.to_json()}\n\n"
-    done = dr.ChatCompletionResponse.sse_done_data()
+    done = api.response.sse_done_data()
     if done is not None:
         yield f"data: {done}\n\n"
 
 
-async def _chat(state: ServerState, body: bytes) -> Response:
-    prep = prepare(body, state.options, state.recipe_tok, state.loop.engine.tokenizer, state.max_model_len)
+async def _serve(state: ServerState, api: Api, body: bytes) -> Response:
+    engine_tok = state.loop.engine.tokenizer
+    prep = prepare(api, body, state.options, state.recipe_tok, engine_tok, state.max_model_len)
     try:
         rid, events = await state.loop.add(prep.prompt_ids, prep.params)
     except RequestError as exc:
         raise ApiError(400, str(exc), exc.field) from exc
     state.metrics.prompt_tokens.inc(len(prep.prompt_ids))
-    chunks = _recipe_chunks(state, prep, rid, events)
+    chunks = _recipe_chunks(state, api, prep, rid, events)
     if prep.stream:
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
-    response: dr.ChatCompletionResponse | None = None
+        return StreamingResponse(_sse(api, chunks), media_type="text/event-stream")
+    response: ApiResponse | None = None
     async for chunk in chunks:
-        if response is None:  # id and created come from the generator's first chunk
-            head = _head(chunk)
-            response = dr.ChatCompletionResponse(
-                head["id"], state.model_name, head["created"], len(prep.prompt_ids), 0
-            )
+        if response is None:  # id and creation time come from the generator's first event
+            rid_text, created = api.head(json.loads(chunk.to_json()))
+            response = api.response(rid_text, state.model_name, created, len(prep.prompt_ids), 0)
         response.accumulate(chunk)
-    assert response is not None, "the recipe produced no chunk"
+    assert response is not None, "the recipe produced no event"
     return Response(response.to_json(), media_type="application/json")
 
 
-def _head(chunk: dr.ChatCompletionChunk) -> dict[str, Any]:
-    return json.loads(chunk.to_json())
+def _route(app: FastAPI, state: ServerState, api: Api) -> None:
+    async def handle(request: Request) -> Response:
+        try:
+            resp = await _serve(state, api, await request.body())
+        except ApiError as exc:
+            resp = JSONResponse(api.error_body(exc.body), status_code=exc.status)
+        state.metrics.requests.labels(api.name, str(resp.status_code)).inc()
+        return resp
+
+    app.post(api.path, name=api.name)(handle)
 
 
 def create_app(engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinking: bool = False) -> FastAPI:
@@ -114,14 +121,8 @@ def create_app(engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinki
     app = FastAPI(title="dsgraph")
     app.state.server = state
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        try:
-            resp = await _chat(state, await request.body())
-        except ApiError as exc:
-            resp = JSONResponse(exc.body, status_code=exc.status)
-        state.metrics.requests.labels("chat", str(resp.status_code)).inc()
-        return resp
+    for api in APIS:
+        _route(app, state, api)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

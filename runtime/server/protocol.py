@@ -1,5 +1,5 @@
-"""Chat Completions requests through `deepseek-recipe`: body -> ConversationRequest -> prompt ids and
-SamplingParams; error bodies in the OpenAI `{"error": {...}}` shape."""
+"""Requests of any protocol (apis.py) through `deepseek-recipe`: body -> ConversationRequest -> prompt ids
+and SamplingParams; errors as ApiError holding the OpenAI `{"error": {...}}` object."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import deepseek_recipe as dr
 from tokenizers import Tokenizer
 
 from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.runtime.server.apis import Api, GeneratorFactory
 
 
 class ApiError(Exception):
@@ -47,6 +48,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     stream: bool
+    generator: GeneratorFactory
 
 
 def conversion_options(model_name: str, thinking: bool) -> dr.ConversionOptions:
@@ -56,31 +58,14 @@ def conversion_options(model_name: str, thinking: bool) -> dr.ConversionOptions:
     )
 
 
-# The recipe's type errors do not name the field ("invalid type: string, expected f32"); these common
-# scalar fields are checked first so the error names them.
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "max_tokens": (int,),
-    "max_completion_tokens": (int,),
-    "seed": (int,),
-    "stream": (bool,),
-    "logprobs": (bool,),
-    "top_logprobs": (int,),
-    "n": (int,),
-    "model": (str,),
-    "messages": (list,),
-}
-
-
-def _check_types(body: bytes | dict[str, Any]) -> None:
+def _check_types(body: bytes | dict[str, Any], scalars: dict[str, tuple[type, ...]]) -> None:
     try:
         values = json.loads(body) if isinstance(body, bytes) else body
     except ValueError:
         return  # the recipe reports malformed JSON
     if not isinstance(values, dict):
         return
-    for key, types in _SCALARS.items():
+    for key, types in scalars.items():
         value = values.get(key)
         if value is None:
             continue
@@ -89,11 +74,14 @@ def _check_types(body: bytes | dict[str, Any]) -> None:
             raise ApiError(400, f"{key}: {value!r} has type {type(value).__name__}, expected {want}", key)
 
 
-def convert(body: bytes | dict[str, Any], options: dr.ConversionOptions) -> dr.ConversationRequest:
+def convert(
+    api: Api, body: bytes | dict[str, Any], options: dr.ConversionOptions
+) -> tuple[dr.ConversationRequest, GeneratorFactory]:
     """The recipe's conversion; its ValueError (bad JSON, missing/mistyped field) becomes a 400."""
-    _check_types(body)
+    _check_types(body, api.scalars)
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        return dr.ChatCompletionRequest(body).convert(options)
+        return api.open(raw, options)
     except dr.ConversionError as exc:
         raise ApiError.from_conversion(exc) from exc
     except ValueError as exc:
@@ -143,17 +131,18 @@ def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len
 
 
 def prepare(
+    api: Api,
     body: bytes,
     options: dr.ConversionOptions,
     recipe_tok: dr.Tokenizer,
     engine_tok: Tokenizer,
     max_model_len: int,
 ) -> Prepared:
-    conv = convert(body, options)
+    conv, generator = convert(api, body, options)
     ids = encode_prompt(conv, recipe_tok, engine_tok)
     if not ids:
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
-    return Prepared(conv, ids, sampling_params(conv, len(ids), max_model_len), conv.stream)
+    return Prepared(conv, ids, sampling_params(conv, len(ids), max_model_len), conv.stream, generator)
 
 
 def recipe_tokenizer(model_dir: str | Path) -> dr.Tokenizer:

@@ -1,5 +1,6 @@
-"""`dsgraph serve` in-process on a loopback port with the tiny random model, driven by the real `openai`
-client and raw httpx: completions (JSON and SSE) with usage, models/health/metrics, bad inputs, disconnect."""
+"""`dsgraph serve` in-process on a loopback port with the tiny random model, driven by the real `openai` and
+`anthropic` clients and raw httpx: chat completions, Responses and Messages (JSON and SSE) with usage,
+models/health/metrics, bad inputs, disconnect."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dsgraph.runtime.server.protocol import recipe_tokenizer
 from dsgraph.tools.generate_cmd import default_model_dir
 
 openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
 MODEL = "tiny-test"
 MAX_LEN = 128
 # The tiny tokenizer splits on whitespace only, so the rendered prompt
@@ -152,3 +154,83 @@ def test_streaming_disconnect_frees_the_request(server) -> None:  # type: ignore
     assert state.metrics.generated_tokens._value.get() - before < MAX_LEN - 8
     ok = _client(url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_openai_client_responses_non_streaming_and_streaming_agree(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    client = _client(url)
+    kw = dict(model=MODEL, input="W3 W5 W7", max_output_tokens=6, temperature=0)
+    out = client.responses.create(**kw)
+    assert out.object == "response" and out.model == MODEL and out.id.startswith("resp_")
+    assert out.output_text and out.output[0].role == "assistant"
+    assert out.usage.input_tokens == 3
+    assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
+    # "incomplete" only when the output limit cut the answer, which then used every token allowed
+    if out.status == "incomplete":
+        assert out.usage.output_tokens == 6
+    else:
+        assert out.status == "completed" and 1 <= out.usage.output_tokens <= 6
+
+    events = list(client.responses.create(**kw, stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] in ("response.completed", "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert text == out.output_text == final.output_text
+    assert final.usage.input_tokens == 3 and final.usage.output_tokens == out.usage.output_tokens
+
+
+def _anthropic(url: str):  # type: ignore[no-untyped-def]
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+
+
+def test_anthropic_client_messages_non_streaming_and_streaming_agree(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    client = _anthropic(url)
+    # this client release no longer takes `temperature`; the Messages body still does (greedy: both agree)
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=6, extra_body={"temperature": 0})
+    out = client.messages.create(**kw)
+    assert out.type == "message" and out.role == "assistant" and out.model == MODEL
+    assert out.content[0].type == "text" and out.content[0].text
+    assert out.usage.input_tokens == 3
+    if out.stop_reason == "max_tokens":
+        assert out.usage.output_tokens == 6
+    else:
+        assert out.stop_reason == "end_turn" and 1 <= out.usage.output_tokens <= 6
+
+    events = list(client.messages.create(**kw, stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "message_start" and types[-1] == "message_stop"
+    assert events[0].message.usage.input_tokens == 3
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    delta = [e for e in events if e.type == "message_delta"]
+    assert text == out.content[0].text
+    assert len(delta) == 1 and delta[0].delta.stop_reason == out.stop_reason
+    assert delta[0].usage.output_tokens == out.usage.output_tokens
+
+
+def test_responses_bad_input_gets_error_then_server_serves(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    r = httpx.post(f"{url}/v1/responses", json={"model": MODEL, "input": "W3", "temperature": "hot"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "temperature" in error["message"] and error["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="input or instructions"):
+        _client(url).responses.create(model=MODEL, max_output_tokens=2)
+    assert (
+        _client(url).responses.create(model=MODEL, input="W3 W5 W7", max_output_tokens=2).usage.input_tokens
+        == 3
+    )
+
+
+def test_messages_bad_input_gets_anthropic_error_then_server_serves(server) -> None:  # type: ignore[no-untyped-def]
+    url, _ = server
+    r = httpx.post(f"{url}/v1/messages", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 2.5})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError, match="gpt-4"):
+        _anthropic(url).messages.create(model="gpt-4", messages=MESSAGES, max_tokens=2)
+    ok = _anthropic(url).messages.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert ok.usage.input_tokens == 3
