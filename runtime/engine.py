@@ -18,7 +18,7 @@ from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
-from dsgraph.runtime.sampler import Sampler
+from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, model_inputs
 from dsgraph.runtime.session import CacheSizes, Session, size_caches
@@ -235,6 +235,7 @@ class Engine:
         ]
         live = [self.live.get(r, _RELEASED) for r in rids]  # a released abort may sit in the plan
         s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
+        s = _force(s, logits, live)
         events, self._plan = self.scheduler.advance(s.tokens.numpy())
         by_rid = {e.rid: e for e in events}
         return [
@@ -277,3 +278,23 @@ class Engine:
         text = full[live.emitted : max(end, live.emitted)]
         live.emitted = max(end, live.emitted)
         return text
+
+
+def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> Samples:
+    """Teacher forcing: a row whose request has golden tokens left emits the next one instead of its
+    sample, before the scheduler sees it (so stop conditions and caches follow the forced token). Its
+    logprob is that token's under the model's raw distribution; the top list stays the sampler's."""
+    forced = [
+        (i, lv.params.golden_token_ids[len(lv.tokens)])
+        for i, lv in enumerate(live)
+        if isinstance(lv, _Live) and len(lv.tokens) < len(lv.params.golden_token_ids)
+    ]
+    if not forced:
+        return s
+    rows = torch.tensor([i for i, _ in forced], dtype=torch.long)
+    ids = torch.tensor([t for _, t in forced], dtype=torch.long)
+    tokens, logprobs = s.tokens.clone(), s.logprobs.clone()
+    tokens[rows] = ids.to(tokens.dtype)
+    lp = torch.log_softmax(logits[rows].float(), -1)
+    logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
+    return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)

@@ -55,6 +55,9 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     n: int = 1
+    # Teacher forcing (DeepInfer's golden tokens): the engine emits these ids in order instead of
+    # sampling, then samples on; stop conditions still apply. Tests use it to drive exact model outputs.
+    golden_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         # A single stop string or a list is accepted; stored as a tuple so the params stay hashable.
@@ -62,8 +65,9 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, Iterable):
             object.__setattr__(self, "stop", tuple(self.stop))
-        if isinstance(self.stop_token_ids, Iterable):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        for name in ("stop_token_ids", "golden_token_ids"):
+            if isinstance(getattr(self, name), Iterable):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def is_greedy(self) -> bool:
@@ -79,7 +83,7 @@ class SamplingParams:
             _check_int("top_k", self.top_k, 1, _INT32_MAX, " (or -1 for off)")
         _check_float("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]")
         _check_int("max_tokens", self.max_tokens, 1, _INT32_MAX)
-        for name in ("stop", "stop_token_ids"):
+        for name in ("stop", "stop_token_ids", "golden_token_ids"):
             if not isinstance(getattr(self, name), tuple):
                 raise RequestError(name, getattr(self, name), "a list")
         for i, text in enumerate(self.stop):
@@ -87,6 +91,8 @@ class SamplingParams:
                 raise RequestError(f"stop[{i}]", text, "a non-empty string")
         for i, token in enumerate(self.stop_token_ids):
             _check_int(f"stop_token_ids[{i}]", token, 0, vocab_size - 1, " (a token id)")
+        for i, token in enumerate(self.golden_token_ids):
+            _check_int(f"golden_token_ids[{i}]", token, 0, vocab_size - 1, " (a token id)")
         for name in ("ignore_eos", "logprobs", "prompt_logprobs"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(name, getattr(self, name), "a bool")

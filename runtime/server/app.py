@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import deepseek_recipe as dr
@@ -23,11 +24,23 @@ from dsgraph.runtime.server.engine_loop import EngineLoop
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
 
+# Test hook: with `create_app(..., allow_forced_outputs=True)` a request body may carry this field, token
+# ids the engine emits instead of sampling (SamplingParams.golden_token_ids), so tests can drive reasoning
+# and tool-call markup through the recipe's parser. Off by default: the field is then ignored.
+FORCED_FIELD = "dsgraph_golden_token_ids"
 _FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
 
 
 class ServerState:
-    def __init__(self, engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinking: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        recipe_tok: dr.Tokenizer,
+        thinking: bool,
+        allow_forced_outputs: bool = False,
+    ) -> None:
+        self.allow_forced_outputs = allow_forced_outputs
         self.loop = EngineLoop(engine)
         self.metrics = Metrics(self.loop)
         self.model_name, self.recipe_tok = model_name, recipe_tok
@@ -82,9 +95,25 @@ async def _sse(api: Api, chunks: AsyncIterator[Event]) -> AsyncIterator[str]:
         yield f"data: {done}\n\n"
 
 
+def _forced_ids(body: bytes) -> tuple[int, ...]:
+    """The test hook's token ids (FORCED_FIELD) of a request body; () when absent."""
+    try:
+        values = json.loads(body)
+    except ValueError:
+        return ()  # the recipe reports malformed JSON
+    if not isinstance(values, dict) or FORCED_FIELD not in values:
+        return ()
+    ids = values[FORCED_FIELD]
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ApiError(400, f"{FORCED_FIELD}: {ids!r}, expected a list of token ids", FORCED_FIELD)
+    return tuple(ids)
+
+
 async def _serve(state: ServerState, api: Api, body: bytes) -> Response:
     engine_tok = state.loop.engine.tokenizer
     prep = prepare(api, body, state.options, state.recipe_tok, engine_tok, state.max_model_len)
+    if state.allow_forced_outputs:
+        prep = replace(prep, params=replace(prep.params, golden_token_ids=_forced_ids(body)))
     try:
         rid, events = await state.loop.add(prep.prompt_ids, prep.params)
     except RequestError as exc:
@@ -115,9 +144,16 @@ def _route(app: FastAPI, state: ServerState, api: Api) -> None:
     app.post(api.path, name=api.name)(handle)
 
 
-def create_app(engine: Engine, model_name: str, recipe_tok: dr.Tokenizer, thinking: bool = False) -> FastAPI:
-    """The server app around one engine; `app.state.server` holds the engine loop and metrics."""
-    state = ServerState(engine, model_name, recipe_tok, thinking)
+def create_app(
+    engine: Engine,
+    model_name: str,
+    recipe_tok: dr.Tokenizer,
+    thinking: bool = False,
+    allow_forced_outputs: bool = False,
+) -> FastAPI:
+    """The server app around one engine; `app.state.server` holds the engine loop and metrics.
+    `allow_forced_outputs` enables the FORCED_FIELD test hook; never for a real server."""
+    state = ServerState(engine, model_name, recipe_tok, thinking, allow_forced_outputs)
     app = FastAPI(title="dsgraph")
     app.state.server = state
 

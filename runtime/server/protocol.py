@@ -108,7 +108,9 @@ def encode_prompt(conv: dr.ConversationRequest, recipe_tok: dr.Tokenizer, engine
 def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
     """SamplingParams from the recipe's inference options; max_tokens resolved against the context."""
     opts = conv.inference_options
-    if opts.output_constraint is not None:
+    # A "tool_call" constraint (tools offered, tool_choice auto) is advisory here: the model writes DSML
+    # tool calls itself and the recipe's parser extracts them. Grammar-constrained output is not built yet.
+    if opts.output_constraint is not None and opts.output_constraint.kind != "tool_call":
         kind = opts.output_constraint.kind
         raise ApiError(
             400, f"response_format: constrained output ({kind}) is not supported yet", "response_format"

@@ -8,7 +8,7 @@ import torch
 
 from dsgraph.models.deepseek_v41.numerics import REFERENCE
 from dsgraph.runtime.llm import LLM
-from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from tests.oracle import model_fixtures as fx
 
 PROMPTS = [fx.prompt(500 + i, n) for i, n in enumerate([3, 17, 5, 30, 1, 12, 8, 24])]
@@ -218,3 +218,32 @@ def test_release_forgets_finished_requests_and_aborted_ones_in_flight(model_dir)
     assert finished == [0] and 1 not in engine.live
     engine.release(0)
     assert engine.live == {}
+
+
+def test_golden_token_ids_are_emitted_then_sampling_continues(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, max_model_len=256)
+    prompt, golden = PROMPTS[1], (7, 200, 7, 31)
+    forced = SamplingParams(
+        temperature=0, max_tokens=7, ignore_eos=True, golden_token_ids=golden, logprobs=True
+    )
+    out = llm.generate([prompt, PROMPTS[2]], [forced, GREEDY])[0].outputs[0]
+    assert out.token_ids[:4] == golden and len(out.token_ids) == 7
+    # after the forced tokens greedy decoding continues as if they had been part of the prompt
+    cont = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert (
+        out.token_ids[4:]
+        == _tokens(LLM(model_dir, max_model_len=256), [list(prompt) + list(golden)], cont)[0]
+    )
+    assert all(lp <= 0 for lp in out.logprobs)
+    # stop conditions still apply to forced tokens: a stop token id among them ends the request there
+    stopped = SamplingParams(
+        temperature=1.0, seed=3, max_tokens=9, golden_token_ids=golden, stop_token_ids=(200,)
+    )
+    out = llm.generate([prompt], stopped)[0].outputs[0]
+    assert out.token_ids == golden[:2] and out.finish_reason == "stop"
+    assert (
+        llm.generate([prompt], SamplingParams(max_tokens=2, golden_token_ids=golden))[0].outputs[0].token_ids
+        == golden[:2]
+    )
+    with pytest.raises(RequestError, match=r"golden_token_ids\[1\]: 256 must be in 0..255"):
+        SamplingParams(golden_token_ids=[3, 256]).validate(256)

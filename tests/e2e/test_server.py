@@ -234,3 +234,59 @@ def test_messages_bad_input_gets_anthropic_error_then_server_serves(server) -> N
         _anthropic(url).messages.create(model="gpt-4", messages=MESSAGES, max_tokens=2)
     ok = _anthropic(url).messages.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     assert ok.usage.input_tokens == 3
+
+
+def test_64_concurrent_streams_complete_and_free_every_page(server) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from dsgraph.models.deepseek_v41.step_io import ratios
+
+    url, state = server
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+    async def one(i: int) -> tuple[str, list[str], int]:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"W{i % 50} W5 W7"}],
+            max_tokens=4,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        (usage,) = [c.usage for c in chunks if c.usage]
+        return text, finish, usage.completion_tokens
+
+    async def all_of_them() -> list[tuple[str, list[str], int]]:
+        return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(64))), timeout=60)
+
+    results = asyncio.run(all_of_them())
+    assert len(results) == 64
+    for _, finish, completion in results:
+        assert finish in (["length"], ["stop"]) and 1 <= completion <= 4
+        assert finish == ["stop"] or completion == 4
+    deadline = time.time() + 10
+    while not (state.loop.idle and not state.loop.engine.has_unfinished):
+        assert time.time() < deadline, "requests still in the engine after every stream ended"
+        time.sleep(0.02)
+    engine = state.loop.engine
+    assert engine.live == {}
+    for r in ratios(engine.model.plans):
+        usage = engine.scheduler.page_usage(r)
+        assert usage.used - usage.cached == 0, (r, usage)
+
+
+def test_forced_outputs_hook_is_off_by_default(server) -> None:  # type: ignore[no-untyped-def]
+    from dsgraph.runtime.server.app import FORCED_FIELD
+
+    url, state = server
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0)
+    plain = _client(url).chat.completions.create(**kw)
+    ids = [4, 5, 6, 7]
+    forced_text = state.loop.engine.tokenizer.decode(ids)
+    assert plain.choices[0].message.content != forced_text  # else the check below could not fail
+    hooked = _client(url).chat.completions.create(**kw, extra_body={FORCED_FIELD: ids})
+    assert hooked.choices[0].message.content == plain.choices[0].message.content
