@@ -5,18 +5,16 @@ models/health/metrics, bad inputs, disconnect."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import httpx2 as httpx  # the HTTP client the `openai` package ships on
 import pytest
-import uvicorn
 
 from dsgraph.runtime.engine import Engine, EngineConfig
 from dsgraph.runtime.server.app import create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
 from dsgraph.tools.generate_cmd import default_model_dir
+from tests.e2e.serve_util import serving
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -32,20 +30,8 @@ def server():  # type: ignore[no-untyped-def]
     root = default_model_dir()
     engine = Engine(root, EngineConfig(max_model_len=MAX_LEN, max_num_seqs=4))
     app = create_app(engine, MODEL, recipe_tokenizer(root))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app.state.server
-    srv.should_exit = True
-    thread.join(10)
-    app.state.server.loop.close()
+    with serving(app) as url:
+        yield url, app.state.server
 
 
 def _client(url: str):  # type: ignore[no-untyped-def]

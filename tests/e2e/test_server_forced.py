@@ -5,17 +5,14 @@ the model would write them, parsed by the recipe into `reasoning_content` and `t
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from dsgraph.models.deepseek_v41.tiny import make_tiny
 from dsgraph.runtime.engine import Engine, EngineConfig
 from dsgraph.runtime.server.app import FORCED_FIELD, create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
+from tests.e2e.serve_util import serving
 
 openai = pytest.importorskip("openai")
 MODEL = "tiny-deepseek"
@@ -50,26 +47,12 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     engine = Engine(root, EngineConfig(max_model_len=1024, max_num_seqs=4))
     tok = recipe_tokenizer(root)
     app = create_app(engine, MODEL, tok, thinking=True, allow_forced_outputs=True)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline, "server did not start"
-        time.sleep(0.05)
 
     def forced(text: str) -> list[int]:  # the model's output tokens, ending in EOS
         return [*tok.encode(text), engine.cfg.eos_token_id]
 
-    client = openai.OpenAI(
-        base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="-", max_retries=0
-    )
-    yield client, forced
-    srv.should_exit = True
-    thread.join(10)
-    app.state.server.loop.close()
+    with serving(app) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0), forced
 
 
 def _create(client, ids: list[int], **kw):  # type: ignore[no-untyped-def]
