@@ -189,7 +189,10 @@ class Engine:
 
     def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
         """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
-        rows, meta = [], []
+        rows: list[int] = []
+        meta: list[tuple[int, int]] = []
+        if not any(lv.params.prompt_logprobs for lv in self.live.values()):
+            return rows, meta  # the common case: no per-row Python work on the step path
         seq_ids, positions, seq_rids = plan.seq_ids, plan.positions, plan.seq_rids
         for t in range(plan.num_tokens):
             rid = int(seq_rids[seq_ids[t]])

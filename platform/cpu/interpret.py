@@ -88,8 +88,8 @@ def run_program(
     for var, name, value in zip(graph.inputs, graph.input_names, values, strict=True):
         _bind(var.type, value, sizes, f"graph {graph.name}: input {name}")
         env[var.id] = value
-    if graph.symbols:
-        # Shape params may hold symbolic dims: run the graph specialized to the bound sizes.
+    if program.memory is None:  # lowered with symbolic dims (no memory plan): shape params may hold them,
+        # so run the graph specialized to the sizes the inputs bound
         program = lower(specialize(graph, sizes), program.platform)
     for i, step in enumerate(program.steps):
         _run_eqn(i, step.eqn, step.rule, env, sizes)
