@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
 
 import pytest
 
 from dsgraph.graph import format_graph, verify
+from tests.golden import graphs
 
 HERE = pathlib.Path(__file__).parent
 DATA = HERE / "data"
 
 
-def _load_graphs() -> dict:  # type: ignore[type-arg]
-    spec = importlib.util.spec_from_file_location("golden_graphs", HERE / "graphs.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.GOLDEN
-
-
-GOLDEN = _load_graphs()
+GOLDEN = graphs.GOLDEN
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))

@@ -9,8 +9,6 @@ checked against hand references.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from dataclasses import dataclass
 
 import pytest
@@ -24,15 +22,11 @@ from dsgraph.ops import core as C
 from dsgraph.platform.cpu import cache_format as CF
 from dsgraph.platform.cpu.interpret import run_graph
 from dsgraph.platform.cpu.quant import fp8_g32_qdq, nvfp4_g16_qdq
+from tests.unit import ops_b_refs as refs
 
 T, S = "tokens", "seqs"
 NEG_INF = float("-inf")
 
-_spec = importlib.util.spec_from_file_location(
-    "ops_b_refs", pathlib.Path(__file__).with_name("ops_b_refs.py")
-)
-refs = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(refs)  # type: ignore[union-attr]
 tt, i32, run1 = refs.tt, refs.i32, refs.run1
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,12 +12,7 @@ from dsgraph.graph.passes import cse, dce, plan_memory, specialize
 from dsgraph.ops import core as C
 from dsgraph.ops import shape as S
 from dsgraph.platform.cpu.interpret import run_graph
-
-_spec = importlib.util.spec_from_file_location(
-    "random_graphs", pathlib.Path(__file__).with_name("random_graphs.py")
-)
-rg = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(rg)  # type: ignore[union-attr]
+from tests.unit import random_graphs as rg
 
 
 def _inputs(g):  # type: ignore[no-untyped-def]

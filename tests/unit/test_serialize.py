@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import pytest
 
 from dsgraph.graph import deserialize, format_graph, serialize
 from dsgraph.graph.serialize import SerializeError
-
-spec = importlib.util.spec_from_file_location(
-    "golden_graphs", pathlib.Path(__file__).parents[1] / "golden" / "graphs.py"
-)
-golden = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-spec.loader.exec_module(golden)  # type: ignore[union-attr]
+from tests.golden import graphs as golden
 
 
 @pytest.mark.parametrize("name", sorted(golden.GOLDEN))
