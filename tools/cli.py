@@ -6,7 +6,7 @@ import argparse
 import sys
 from importlib import metadata
 
-from dsgraph.tools import generate_cmd, inspect_cmd, make_tiny_cmd, serve_cmd
+from dsgraph.tools import bench_cmd, generate_cmd, inspect_cmd, make_tiny_cmd, serve_cmd
 
 
 def _version() -> str:
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dsgraph {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    bench_cmd.add_parser(sub)
     generate_cmd.add_parser(sub)
     inspect_cmd.add_parser(sub)
     make_tiny_cmd.add_parser(sub)

@@ -295,3 +295,20 @@ def _hash_window(
         cols = slice(order * spec.n_heads, (order + 1) * spec.n_heads)
         rows[:, cols] = rolling[:, None] % primes[None, :] + offsets[None, :]
     return rows
+
+
+def table_rows(layer_ids: Sequence[int], vocab_size: int, n_heads: int, max_ngram: int) -> tuple[int, ...]:
+    """`engram_num_embeddings` consistent with the other fields: each layer's bucket primes summed (the
+    same search as `engram_primes`), for configs whose table sizes are chosen rather than released."""
+    used: set[int] = set()
+    rows: list[int] = []
+    for _layer in layer_ids:
+        total = 0
+        for _order in range(max_ngram - 1):
+            current = vocab_size - 1
+            for _head in range(n_heads):
+                current = _next_unused_prime(current, used)
+                used.add(current)
+                total += current
+        rows.append(total)
+    return tuple(rows)

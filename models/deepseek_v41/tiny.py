@@ -158,7 +158,7 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, Tensor]:
     """FP32 weights of logical (dequantized) shape for every non-scale tensor, in spec order."""
     gen = torch.Generator().manual_seed(seed)
     return {
-        name: _sample(name, spec.logical_shape, gen)
+        name: sample_weight(name, spec.logical_shape, gen)
         for name, spec in expected_tensors(cfg).items()
         if spec.kind is not TensorKind.SCALE
     }
@@ -175,11 +175,11 @@ def quantize_weights(cfg: ModelConfig, weights: dict[str, Tensor]) -> dict[str, 
         if spec.kind is TensorKind.PLAIN:
             out[name] = w.to(torch_dtype(spec.dtype))
             continue
-        out[name], out[scale_name(name)] = _quantize(spec, w, block)
+        out[name], out[scale_name(name)] = quantize_tensor(spec, w, block)
     return out
 
 
-def _quantize(spec: TensorSpec, w: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
+def quantize_tensor(spec: TensorSpec, w: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
     if spec.kind is TensorKind.FP8_BLOCK:
         return fp8_block_quantize(w, block)
     if spec.kind is TensorKind.FP4_ROWS:
@@ -187,14 +187,14 @@ def _quantize(spec: TensorSpec, w: Tensor, block: tuple[int, int]) -> tuple[Tens
     return fp8_rows_quantize(w)
 
 
-def _sample(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
+def sample_weight(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
     """One tensor's random init, scaled so activations stay O(1) through the random model.
 
     Norm-like weights (norms, Engram q/k weights, mHC scales) 1 + N(0, 0.1); sinks and mHC bases N(0, 0.5);
     router biases N(0, 0.1); mHC projections N(0, 0.1 / sqrt(fan_in)); embeddings N(0, 1); every other
     matrix is a linear layer, N(0, 1 / sqrt(fan_in)).
     """
-    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    x = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device)
     if name.endswith(("norm.weight", "engram.q_weight", "engram.k_weight")) or name.endswith("_scale"):
         return 1.0 + 0.1 * x
     if name.endswith(("attn_sink", "_base")):

@@ -234,3 +234,13 @@ def test_spec_from_parsed_checkpoint_config() -> None:
     from dsgraph.models.deepseek_v41.tiny import tiny_config_dict
 
     assert EngramSpec.from_text_config(parse_config(tiny_config_dict()).text) == TINY
+
+
+def test_table_rows_agree_with_the_prime_search() -> None:
+    from dsgraph.models.deepseek_v41.engram_hash import EngramSpec, engram_primes, table_rows
+
+    # the tiny config's hand-checked sizes (spec section 10)
+    assert table_rows([1, 2], 31, 2, 4) == (252, 410)
+    rows = table_rows([1, 14], 1000, 8, 4)
+    spec = EngramSpec((1, 14), 1000, 8, 4, 500, rows)
+    assert tuple(h.num_rows for h in engram_primes(spec)) == rows

@@ -15,7 +15,8 @@ from dsgraph.models.deepseek_v41.tiny import tiny_config_dict
 
 SWA, FULL, REINDEX, REUSE = LayerMode.SWA, LayerMode.FULL, LayerMode.REINDEX, LayerMode.REUSE
 
-# The released Flash config, spec section 1.1, written out by hand.
+# The released Flash config, spec section 1.1, written out by hand (independently of
+# models/deepseek_v41/flash.py, which test_flash_module_matches checks against it).
 FLASH_TEXT: dict[str, Any] = {
     "model_type": "deepseek_v41_text",
     "vocab_size": 129280,
@@ -340,3 +341,11 @@ def test_quant_config_nested_in_text_config() -> None:
     d["text_config"]["quantization_config"] = d.pop("quantization_config") | {"expert_dtype": "fp8"}
     cfg = parse_config(d)
     assert cfg.quant is not None and cfg.quant.expert_dtype == "fp8"
+
+
+def test_flash_module_matches() -> None:
+    from dsgraph.models.deepseek_v41.flash import flash_config_dict
+
+    assert flash_config_dict() == FLASH
+    assert flash_config_dict(num_hidden_layers=8)["text_config"]["num_hidden_layers"] == 8
+    assert FLASH["text_config"]["num_hidden_layers"] == 40  # the copy is fresh

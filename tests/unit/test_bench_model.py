@@ -1,0 +1,66 @@
+"""The benchmark's model pieces, checked on CPU: the truncated full-width config keeps every layer
+mode, and device-generated random weights have exactly the layout the loader gives a real checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
+from dsgraph.models.deepseek_v41.layers_plan import LayerMode, layer_plans
+from dsgraph.models.deepseek_v41.numerics import SERVING
+from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.tools.bench.model_config import LAYER_COUNTS, bench_config
+from dsgraph.tools.bench.weights_gpu import random_serving_weights
+from tests.oracle import model_fixtures as fx
+
+
+def _kind(mode: LayerMode, ratio: int) -> str:
+    return "swa" if mode is LayerMode.SWA else f"{mode.name.lower()}_r{ratio}"
+
+
+def test_bench_config_keeps_every_layer_mode_at_full_width() -> None:
+    cfg = bench_config()
+    kinds = [_kind(p.mode, p.ratio) for p in layer_plans(cfg.text)]
+    assert {k: kinds.count(k) for k in set(kinds)} == {k: n for k, (n, _) in LAYER_COUNTS.items()}
+    assert sum(n40 for _, n40 in LAYER_COUNTS.values()) == 40
+    t = cfg.text
+    assert (t.hidden_size, t.num_attention_heads, t.head_dim) == (5120, 64, 512)
+    assert (t.n_routed_experts, t.moe_intermediate_size, t.vocab_size) == (384, 2304, 129280)
+    wider = [_kind(p.mode, p.ratio) for p in layer_plans(bench_config(extra_reuse=2).text)]
+    assert wider.count("reuse_r2") == 3 and wider.count("reuse_r1") == 4
+
+
+def test_random_weights_match_the_loaded_layout(tmp_path: Path) -> None:
+    model_dir = fx.checkpoint("tiny", str(tmp_path))
+    cfg = fx.config(model_dir, None)
+    token_map, _ = build_token_map(load_tokenizer(model_dir))
+    loaded = prepare_weights(cfg, load_checkpoint(model_dir, cfg, progress=False), SERVING, token_map)
+    want = {k: (tuple(v.shape), v.dtype) for k, v in loaded.items() if not k.startswith("mtp.")}
+    got = random_serving_weights(cfg, token_map, seed=3, device="cpu")
+    assert {k: (tuple(v.shape), v.dtype) for k, v in got.items()} == want
+    assert torch.equal(got["engram.token_map"], loaded["engram.token_map"])
+
+
+def test_bench_steps_run_on_the_tiny_model(tmp_path: Path) -> None:
+    """The bench's prefill and decode step inputs are valid steps (run on the cpu platform, tiny model)."""
+    from dsgraph.runtime.session import CacheSizes, Session
+    from dsgraph.tools.bench.model_bench import fill_caches
+    from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
+
+    model_dir = fx.checkpoint("tiny", str(tmp_path))
+    cfg = fx.config(model_dir, None)
+    token_map, _ = build_token_map(load_tokenizer(model_dir))
+    from dsgraph.models.deepseek_v41.model import build_model
+    from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+
+    model = build_model(cfg, token_map, SERVING, default_geometry(cfg.text, 96, 16))
+    weights = random_serving_weights(cfg, token_map, device="cpu")
+    pages = {r: 3 * pages_for(model, r, 90) for r in ratios(model.plans)}
+    session = Session(model, weights, CacheSizes(3, pages))
+    assert session.run(prefill_step(model, 40)).shape == (1, cfg.text.vocab_size)
+    fill_caches(session)
+    logits = session.run(decode_step(model, 3, 90))
+    assert logits.shape == (3, cfg.text.vocab_size) and bool(torch.isfinite(logits).all())

@@ -1,0 +1,97 @@
+"""`dsgraph bench`: one run = calibration, kernel side-by-sides, and the model's prefill/decode cases on
+the 8-layer full-width model plus a 12-layer variant (4 more Reuse layers sharing weights) that prices
+one added layer, from which the 40-layer figures are extrapolated (and labelled so)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dsgraph.tools.bench.calibrate import calibrate
+from dsgraph.tools.bench.extrapolate import extrapolate
+from dsgraph.tools.bench.kernels_cmp import kernel_cases
+from dsgraph.tools.bench.model_bench import (
+    Plan,
+    alias_layers,
+    decode_cases,
+    make_model,
+    prefill_cases,
+    synthetic_token_map,
+)
+from dsgraph.tools.bench.model_config import bench_config
+from dsgraph.tools.bench.weights_gpu import random_serving_weights
+
+# the 12-layer variant's layer -> the 8-layer model's layer whose weights it shares
+WIDER_LAYERS = {0: 0, 1: 1, 2: 2, 3: 3, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6, 9: 7, 10: 7, 11: 7}
+
+
+def commit() -> str:
+    if os.environ.get("DSGRAPH_COMMIT"):
+        return os.environ["DSGRAPH_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def model_part(plan: Plan, cal: Any, deadline: float) -> dict[str, Any]:
+    cfg = bench_config()
+    weights = random_serving_weights(cfg, synthetic_token_map(cfg))
+    prefill_model = make_model(cfg, max(plan.prefill_chunks) + 64)
+    out: dict[str, Any] = {
+        "prefill": prefill_cases(prefill_model, weights, plan, cal, deadline),
+        "decode": decode_cases(cfg, weights, plan, cal, deadline),
+    }
+    wider_cfg = bench_config(extra_reuse=2)
+    wider = alias_layers(weights, WIDER_LAYERS)
+    short = replace(plan, decode_contexts=plan.decode_contexts[:1])
+    out["wider_decode"] = decode_cases(wider_cfg, wider, short, cal, deadline)
+    out["wider_prefill"] = prefill_cases(
+        make_model(wider_cfg, max(plan.prefill_chunks) + 64), wider, plan, cal, deadline
+    )
+    out["extrapolated_40_layers"] = extrapolate(out)
+    return out
+
+
+def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
+    start = time.monotonic()
+    result: dict[str, Any] = {
+        "env": environment(),
+        "plan": asdict(plan),
+        "config": "tools/bench/model_config.py",
+    }
+    cal = calibrate()
+    result["calibration"] = cal.as_dict()
+    print(json.dumps(result["calibration"]), flush=True)
+    if "kernels" in parts:
+        result["kernels"] = kernel_cases(cal)
+        print(json.dumps(result["kernels"]), flush=True)
+    if "model" in parts:
+        result["model"] = model_part(plan, cal, start + plan.budget_s)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = result["env"]["gpu"].replace(" ", "-")
+    path = out_dir / f"bench-{gpu}-{result['env']['commit'][:8]}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path

@@ -1,0 +1,62 @@
+"""Random weights of the benchmark model generated on the GPU in the serving layout, with no checkpoint
+file. Serving numerics keep every tensor as stored (FP8 block-scaled matrices, packed MXFP4 experts), so
+the graph's weights are the stored tensors with routed experts stacked per layer (as
+`models/deepseek_v41/weights.py` lays them out). Experts are generated and quantized one at a time and
+stacked per layer, so the peak is one layer's experts twice."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import Tensor
+
+from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
+from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
+from dsgraph.models.deepseek_v41.config import ModelConfig
+from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
+
+_EXPERT = re.compile(r"(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
+
+
+Stored = tuple[Tensor, Tensor | None]  # a weight and its scale (None for plain tensors)
+
+
+def _stored(cfg: ModelConfig, name: str, spec: TensorSpec, gen: torch.Generator) -> Stored:
+    w = sample_weight(name, spec.logical_shape, gen)
+    if spec.kind is TensorKind.PLAIN:
+        return w.to(torch_dtype(spec.dtype)), None
+    block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
+    return quantize_tensor(spec, w, block)
+
+
+def _stack(out: dict[str, Tensor], experts: dict[tuple[str, str], list[Stored]]) -> None:
+    for (prefix, w), tensors in experts.items():
+        out[f"{prefix}.{w}.weight"] = torch.stack([t for t, _ in tensors])
+        out[f"{prefix}.{w}.scale"] = torch.stack([s for _, s in tensors if s is not None])
+    experts.clear()
+
+
+def random_serving_weights(
+    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda"
+) -> dict[str, Tensor]:
+    """The step graph's weight inputs (serving numerics) on `device`; no DSpark tensors."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out: dict[str, Tensor] = {}
+    experts: dict[tuple[str, str], list[Stored]] = {}
+    for name, spec in expected_tensors(cfg).items():
+        if spec.kind is TensorKind.SCALE or name.startswith("mtp."):
+            continue
+        m = _EXPERT.fullmatch(name)
+        if m is None:
+            if experts:  # a layer's experts are contiguous in spec order: stack them before moving on
+                _stack(out, experts)
+            t, s = _stored(cfg, name, spec, gen)
+            out[name] = t
+            if s is not None:
+                out[scale_name(name)] = s
+            continue
+        experts.setdefault((m[1], m[3]), []).append(_stored(cfg, name, spec, gen))
+    _stack(out, experts)
+    out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)
+    return out
