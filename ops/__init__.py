@@ -3,7 +3,21 @@
 from dsgraph.graph.op import OpDef, get_op
 
 # Importing every op module declares its ops.
-from dsgraph.ops import attention, cache, core, engram, mhc, moe, nn, quant, rope, sampling, shape  # noqa: F401
+from dsgraph.ops import (  # noqa: F401
+    attention,
+    cache,
+    core,
+    dspark,
+    engram,
+    mhc,
+    moe,
+    nn,
+    quant,
+    rope,
+    sampling,
+    shape,
+    spec_sampling,
+)
 
 __all__ = ["core", "nn", "op", "shape"]
 

@@ -131,9 +131,11 @@ def _compress_rule(p: CompressParams, ts: tuple[TensorType, ...]) -> tuple[Tenso
         R.require_dim(ts[2].shape[0], width, f"rows of wgate {ts[2]} vs wkv {wkv}")
         state = ts[3]
         R.require_dtype(state, ("f32",), "state")
-        R.require_rank(state, 3, "state")
-        R.require_dim(state.shape[1], 2, f"dim 1 of state {state} (wkv and wgate projections)")
-        R.require_dim(state.shape[2], width, f"width of state {state} vs wkv {wkv}")
+        R.require_rank(state, 4, "state")
+        if isinstance(state.shape[1], int) and state.shape[1] < 1:
+            raise ShapeError(f"ring length (dim 1) of state {state} must be positive")
+        R.require_dim(state.shape[2], 2, f"dim 2 of state {state} (wkv and wgate projections)")
+        R.require_dim(state.shape[3], width, f"width of state {state} vs wkv {wkv}")
     positions, seq_ids, seq_slot, seq_start = ts[-4:]
     require_index(positions, rows, "positions")
     require_index(seq_ids, rows, "seq_ids")
@@ -149,13 +151,15 @@ compress = declare_op(
     "ratio 1: `u [tokens, H] f32, wkv [D, H] float, positions [tokens] i32, seq_ids [tokens] i32, "
     "seq_slot [seqs] i32, seq_start [seqs] i32` -> `(latent [tokens, D] f32, closes [tokens] bool)`: "
     "latent_t = wkv . u_t, closes = real rows. "
-    "ratio 2: `u, wkv, wgate [D, H] float, state [slots, 2, D] f32, positions, seq_ids, seq_slot, seq_start` "
-    "-> `(latent, closes, state' [slots, 2, D] f32)`: group g = positions {2g, 2g+1}; a real row at odd p "
-    "closes group (p-1)/2 with latent = sum over its two tokens of softmax_over_tokens(wgate . u) * "
-    "(wkv . u) "
-    "per channel, the first token's projections coming from the previous row of the chunk or, when "
-    "p == seq_start, from state[seq_slot] ([0] = wkv . u, [1] = wgate . u). state' stores the projections of "
-    "a sequence's last row when its position is even (the group stays open); other slots are unchanged. "
-    "Rows that close nothing (and padding rows) give latent 0, closes False. f32 math; each row's "
-    "projection is computed on its own, so results do not depend on how rows are batched.",
+    "ratio 2: `u, wkv, wgate [D, H] float, state [slots, C, 2, D] f32, positions, seq_ids, seq_slot, "
+    "seq_start` -> `(latent, closes, state' [slots, C, 2, D] f32)`: group g = positions {2g, 2g+1}; a real "
+    "row at odd p closes group (p-1)/2 with latent = sum over its two tokens of "
+    "softmax_over_tokens(wgate . u) * (wkv . u) per channel, the first token's projections coming from the "
+    "previous row of the chunk or, when p == seq_start, from state[seq_slot, (p-1) % C] ([0] = wkv . u, "
+    "[1] = wgate . u). state is a ring of the C newest positions' projections: state' stores each real "
+    "row's projections at [seq_slot, p % C] when p is among the last C positions of its sequence's chunk "
+    "(so no ring row is written twice); everything else is unchanged. A verify step's rejected rows "
+    "therefore leave the entry of every committed position younger than C alone: rollback is only the "
+    "committed length. Rows that close nothing (and padding rows) give latent 0, closes False. f32 math; "
+    "each row's projection is computed on its own, so results do not depend on how rows are batched.",
 )

@@ -92,6 +92,23 @@ class StepRunner:
         self.steps += 1
         return list(torch.split(logits, [len(new) for _, new in chunks]))
 
+    def release(self, rid: int) -> None:
+        """Return request `rid`'s slot and pages (their contents stay until another request writes them)."""
+        req = self.requests.pop(rid)
+        self.free_slots.append(req.slot)
+        for r, pages in req.pages.items():
+            self.free_pages[r] += pages
+
+    def rollback(self, rid: int, length: int) -> None:
+        """Keep the first `length` tokens of request `rid` (a verify step's committed length); forget the
+        rest. Nothing in the caches is undone: the rows past `length` left SWA ring entries (the ring has
+        ROLLBACK_ROOM spare entries), compressor state ring entries (COMPRESSOR_RING) and compressed entries
+        that no later step reads before it overwrites them. Engram lookback is built from `tokens`."""
+        req = self.requests[rid]
+        if not 0 <= length <= len(req.tokens):
+            raise ValueError(f"rollback of request {rid}: length is {length}, expected 0..{len(req.tokens)}")
+        del req.tokens[length:]
+
     @property
     def caches(self) -> dict[str, torch.Tensor]:
         return self.session.caches

@@ -106,9 +106,9 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     f.record(f"topk.{plan.index}", f.topk[plan.index])
 
 
-def _output(f: Forward, plan: LayerPlan, o: Tracer) -> Tracer:
-    """Inverse RoPE at the query position, grouped low-rank wo_a, then wo_b."""
-    p, t = f"layers.{plan.index}.attn.", f.text
+def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -> Tracer:
+    """Inverse RoPE at the query position, grouped low-rank wo_a, then wo_b (`prefix`: a DSpark stage's)."""
+    p, t = prefix or f"layers.{plan.index}.attn.", f.text
     o = f.rope(o, f.step["positions"], plan.rope_theta, plan.use_yarn, inverse=True)
     per_group = t.num_attention_heads * t.head_dim // t.o_groups
     grouped = op.reshape(o, shape=("tokens", t.o_groups, per_group))

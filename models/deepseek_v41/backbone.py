@@ -2,12 +2,15 @@
 
 `forward(f)` reads the step inputs, caches and weights held by the `Forward` and returns the logits of
 the rows in `sample_rows` plus every updated cache. One graph serves prefill chunks and decode steps.
+With `dspark_layers` (the config's `dspark_target_layer_ids`) it also writes every row's DSpark context
+key into the `dspark.ring{s}` caches (models/deepseek_v41/dspark_context.py).
 """
 
 from __future__ import annotations
 
 from dsgraph.models.deepseek_v41.attention_block import attention
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
+from dsgraph.models.deepseek_v41.dspark_context import stream_mean, write_context
 from dsgraph.models.deepseek_v41.engram_hash import EngramLayerHash
 from dsgraph.models.deepseek_v41.ffn_block import engram, moe
 from dsgraph.models.deepseek_v41.layers_plan import LayerPlan
@@ -64,12 +67,24 @@ def head(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
 
 
 def forward(
-    f: Forward, plans: tuple[LayerPlan, ...], tables: dict[int, EngramLayerHash]
+    f: Forward,
+    plans: tuple[LayerPlan, ...],
+    tables: dict[int, EngramLayerHash],
+    dspark_layers: tuple[int, ...] = (),
 ) -> dict[str, Tracer]:
     x, a = embed(f), None
+    features: list[Tracer] = []
     for plan in plans:
-        x, a = block(f, plan, x, a, tables.get(plan.index))
-    out = {"logits": head(f, x, a), "caches": dict(f.new_caches)}
+        table = tables.get(plan.index)
+        if plan.index in dspark_layers:  # the residual entering the layer: after its Engram (spec 7.1)
+            if table is not None:
+                x, table = engram(f, plan.index, table, x), None
+            features.append(stream_mean(f, x))
+        x, a = block(f, plan, x, a, table)
+    out = {"logits": head(f, x, a)}
+    if features:
+        write_context(f, features)
+    out["caches"] = dict(f.new_caches)
     if f.debug is not None:
         out["debug"] = dict(f.debug)
     return out

@@ -10,6 +10,7 @@ from dsgraph.graph import Graph, TensorType, make_graph
 from dsgraph.models.deepseek_v41.backbone import forward
 from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.context import Forward
+from dsgraph.models.deepseek_v41.dspark_context import ring_types
 from dsgraph.models.deepseek_v41.engram_hash import EngramLayerHash, EngramSpec, engram_primes
 from dsgraph.models.deepseek_v41.layers_plan import LayerPlan, layer_plans
 from dsgraph.models.deepseek_v41.numerics import Numerics
@@ -24,28 +25,43 @@ class V41Model:
     num: Numerics
     geo: CacheGeometry
     engram_pad_id: int
+    # The step also writes the DSpark context rings `dspark.ring{s}` (reads `mtp.*` context weights).
+    dspark: bool = False
 
     def step_types(self) -> dict[str, TensorType]:
         return step_types(self.cfg.text, self.plans, self.geo)
 
     def cache_types(self) -> dict[str, TensorType]:
-        return cache_types(self.cfg.text, self.plans, self.geo)
+        types = cache_types(self.cfg.text, self.plans, self.geo)
+        if self.dspark:
+            types.update(ring_types(self.cfg.text, self.geo.ring_len))
+        return types
 
 
-def build_model(cfg: ModelConfig, token_map: list[int], num: Numerics, geo: CacheGeometry) -> V41Model:
+def build_model(
+    cfg: ModelConfig, token_map: list[int], num: Numerics, geo: CacheGeometry, *, dspark: bool = False
+) -> V41Model:
+    """`dspark`: the step graph also writes the DSpark context (needs the config's draft stages)."""
+    if dspark and cfg.text.num_nextn_predict_layers == 0:
+        raise ValueError("build_model: dspark=True needs num_nextn_predict_layers > 0, the config has 0")
     tables = (
         {h.layer_id: h for h in engram_primes(EngramSpec.from_text_config(cfg.text))}
         if cfg.text.engram_layer_ids
         else {}
     )
-    return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, token_map[cfg.text.engram_pad_token_id])
+    pad = token_map[cfg.text.engram_pad_token_id]
+    return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, pad, dspark)
 
 
 def trace_step(
     model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step", debug: bool = False
 ) -> Graph:
     """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`
-    (with `debug`, also `debug.index_scores.{layer}` [T, E] and `debug.topk.{layer}` [T, k])."""
+    (with `debug`, also `debug.index_scores.{layer}` [T, E] and `debug.topk.{layer}` [T, k]).
+
+    With `model.dspark` the caches include `dspark.ring{s}` and `weights` must hold the context weights
+    (`dspark_context.is_context_weight`); debug adds `debug.dspark.features` [T, 3H] and
+    `debug.dspark.kv{s}` [T, hd] (context keys before their FP8 rounding)."""
 
     def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(
@@ -57,6 +73,7 @@ def trace_step(
             engram_pad_id=model.engram_pad_id,
             debug={} if debug else None,
         )
-        return forward(f, model.plans, model.tables)
+        targets = model.cfg.text.dspark_target_layer_ids if model.dspark else ()
+        return forward(f, model.plans, model.tables, tuple(targets))
 
     return make_graph(step, dict(weights), model.cache_types(), model.step_types(), name=name)

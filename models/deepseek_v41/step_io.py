@@ -20,6 +20,9 @@ from dsgraph.platform.cpu.cache_format import (
 )
 
 ROLLBACK_ROOM = 6  # anchor + 5 drafts may be written and rolled back (spec 5.6)
+# Ratio-2 compressor state: a ring of the newest positions' projections, ratio + ROLLBACK_ROOM - 1 entries
+# (DeepInfer's size), so the rows a verify step rolls back never overwrite the open group's first token.
+COMPRESSOR_RING = 2 + ROLLBACK_ROOM - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,5 +80,5 @@ def cache_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeomet
             kidx_bytes = mxfp4_g32_entry_bytes(text.index_head_dim)
             types[f"kidx.{p.index}"] = TensorType((blocks, geo.page_size, kidx_bytes), "u8")
             if p.ratio == 2:
-                types[f"comp.{p.index}"] = TensorType(("slots", 2, hd), "f32")
+                types[f"comp.{p.index}"] = TensorType(("slots", COMPRESSOR_RING, 2, hd), "f32")
     return types

@@ -12,6 +12,7 @@ the masked, scaled logits (ops/sampling.py); `kept` counts that prefix per row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from dsgraph.ops.sampling import GREEDY_BELOW
 
-__all__ = ["RULES", "allowed_tokens", "sample", "uniform_draw"]
+__all__ = ["RULES", "Processed", "allowed_tokens", "draw_rank", "process", "sample", "uniform_draw"]
 
 _NEG_INF = float("-inf")
 # Rows processed together: bounds the f64 [rows, V] temporaries (V = 129280 for the real vocabulary).
@@ -56,7 +57,7 @@ def uniform_draw(seed: Tensor, position: Tensor, stream: int) -> Tensor:
 
 def allowed_tokens(words: Tensor, vocab_size: int) -> Tensor:
     """[outs, V] bool from the bitmask [outs, ceil(V/32)] i32: bit t % 32 of word t // 32 allows token t."""
-    bits = (words.long().unsqueeze(-1) >> torch.arange(32)) & 1
+    bits = (words.long().unsqueeze(-1) >> torch.arange(32, device=words.device)) & 1
     return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()
 
 
@@ -67,7 +68,7 @@ def _leading_true(cond: Tensor) -> Tensor:
 
 def _prefix(scores: Tensor, kept: Tensor) -> Tensor:
     """Sorted scores with everything past each row's first `kept` set to -inf."""
-    rank = torch.arange(scores.shape[-1]).unsqueeze(0)
+    rank = torch.arange(scores.shape[-1], device=scores.device).unsqueeze(0)
     return scores.masked_fill(rank >= kept.unsqueeze(-1), _NEG_INF)
 
 
@@ -97,17 +98,40 @@ def _draw(log_probs: Tensor, kept: Tensor, u: Tensor) -> Tensor:
     return torch.minimum(rank, (kept - 1).clamp_min(0).unsqueeze(-1))
 
 
-def _sample_rows(
-    p: Any, logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, min_p: Tensor, u: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The op on a chunk of rows whose masked tokens already hold -inf; `u` their uniforms."""
+@dataclass(frozen=True)
+class Processed:
+    """Rows' processed distributions in their stable descending order of the masked, scaled logits."""
+
+    log_probs: Tensor  # [outs, V] f64, sorted order; -inf past `kept`
+    order: Tensor  # [outs, V] i64: token id at each sorted rank
+    kept: Tensor  # [outs] i64: tokens the processing keeps (a prefix of the order)
+    greedy: Tensor  # [outs] bool: temperature < GREEDY_BELOW
+    finite: Tensor  # [outs] i64: tokens with a finite masked logit (0: the row is dead)
+
+
+def process(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, min_p: Tensor) -> Processed:
+    """Temperature, top-k, top-p, min-p of rows whose masked tokens already hold -inf (module doc)."""
     greedy = temperature < GREEDY_BELOW
     scores = logits.double() / torch.where(greedy, 1.0, temperature.double()).unsqueeze(-1)
     scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     finite = (scores > _NEG_INF).sum(-1)
     kept = torch.where(greedy, finite, _truncate(scores, finite, top_k, top_p, min_p))
     log_probs = torch.log_softmax(_prefix(scores, kept), dim=-1)
-    rank = torch.where(greedy.unsqueeze(-1), 0, _draw(log_probs, kept, u))
+    return Processed(log_probs, order, kept, greedy, finite)
+
+
+def draw_rank(d: Processed, u: Tensor) -> Tensor:
+    """Sorted ranks [outs, 1] of the op's draw with uniforms `u` (rank 0 on greedy rows)."""
+    return torch.where(d.greedy.unsqueeze(-1), 0, _draw(d.log_probs, d.kept, u))
+
+
+def _sample_rows(
+    p: Any, logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, min_p: Tensor, u: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The op on a chunk of rows whose masked tokens already hold -inf; `u` their uniforms."""
+    d = process(logits, temperature, top_p, top_k, min_p)
+    log_probs, order, finite = d.log_probs, d.order, d.finite
+    rank = draw_rank(d, u)
     token = order.gather(-1, rank).squeeze(-1)
     logprob = log_probs.gather(-1, rank).squeeze(-1)
     top_logprobs = log_probs[:, : p.num_top_logprobs]

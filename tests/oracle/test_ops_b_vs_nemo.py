@@ -31,6 +31,7 @@ from nemo_automodel.components.models.deepseek_v41.config import DeepseekV41Text
 from nemo_automodel.components.models.deepseek_v41.quantization import quantize_cache  # noqa: E402
 
 from dsgraph.graph import TensorType, make_graph  # noqa: E402
+from dsgraph.models.deepseek_v41.step_io import COMPRESSOR_RING  # noqa: E402
 from dsgraph.models.deepseek_v41.tiny import TINY_CONFIG  # noqa: E402
 from dsgraph.ops import attention as A  # noqa: E402
 from dsgraph.ops import cache as K  # noqa: E402
@@ -278,12 +279,12 @@ def run_compress(
     types = [tt((T, hidden), "f32"), tt((width, hidden), "f32")]
     weights = [comp.wkv.weight.detach()]
     if ratio == 2:
-        types += [tt((width, hidden), "f32"), tt((2, 2, width), "f32")]
+        types += [tt((width, hidden), "f32"), tt((2, COMPRESSOR_RING, 2, width), "f32")]
         weights += [comp.wgate.weight.detach()]
     graph = make_graph(
         lambda *xs: K.compress(*xs, ratio=ratio), *types, tt((T,)), tt((T,)), tt((S,)), tt((S,))
     )
-    state, latents = torch.zeros(2, 2, width), {}
+    state, latents = torch.zeros(2, COMPRESSOR_RING, 2, width), {}
     for chunks in schedule(h.shape[1], kind):
         positions, seq_ids, where = step_rows(chunks)
         slots, starts = i32([SLOTS[b] for b, _, _ in chunks]), i32([a for _, a, _ in chunks])

@@ -29,7 +29,7 @@ tt, i32, run1 = refs.tt, refs.i32, refs.run1
 
 SWA = [tt((3, 14, 66), "u8"), tt((T, 66), "u8"), tt((T,)), tt((T,)), tt((S,)), tt((S,))]
 PAGED = [tt((9, 4, 36), "u8"), tt((T, 36), "u8"), tt((T,)), tt((T,), "bool"), tt((T,)), tt((S, 5))]
-COMPRESS2 = [tt((T, 64), "f32"), tt((64, 64), "f32"), tt((64, 64), "f32"), tt((3, 2, 64), "f32")] + [
+COMPRESS2 = [tt((T, 64), "f32"), tt((64, 64), "f32"), tt((64, 64), "f32"), tt((3, 7, 2, 64), "f32")] + [
     tt((T,)),
     tt((T,)),
     tt((S,)),
@@ -60,7 +60,7 @@ BAD_TYPES = [
     ("paged_write", {}, _replace(PAGED, 5, tt((S,))), "block_table must have rank 2"),
     ("compress", {"ratio": 2}, _replace(COMPRESS2, 0, tt((T, 64), "bf16")), "u must have dtype"),
     ("compress", {"ratio": 2}, _replace(COMPRESS2, 2, tt((64, 32), "f32")), "in-features of wgate"),
-    ("compress", {"ratio": 2}, _replace(COMPRESS2, 3, tt((3, 64), "f32")), "state must have rank 3"),
+    ("compress", {"ratio": 2}, _replace(COMPRESS2, 3, tt((3, 2, 64), "f32")), "state must have rank 4"),
     ("compress", {"ratio": 3}, COMPRESS2, "param ratio is 3"),
     ("compress", {"ratio": 1}, COMPRESS2, "ratio 1 takes 6 operands"),
     ("index_scores", {"ratio": 1}, _replace(INDEX, 2, tt((9, 4, 16), "u8")), "entry bytes of keys"),
@@ -273,25 +273,55 @@ def test_compress_ratio2_pools_pairs_and_carries_the_open_group() -> None:
     gen = torch.Generator().manual_seed(2)
     u = torch.randn(7, 64, generator=gen)
     wkv, wgate = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen)
-    state = torch.full((3, 2, 32), 7.0)
+    state = torch.full((3, 7, 2, 32), 7.0)  # a ring of 7 positions per slot
     want = refs.pool_pairs(u, wkv, wgate)
     # step 1: positions 0..2 in slot 2 (position 2 opens group 1); step 2: positions 3..6 with a padding row
     one = _compress(2, u[:3], wkv, wgate, state, [0, 1, 2], [0, 0, 0], [2], [0])
     assert one["closes"].tolist() == [False, True, False]
     torch.testing.assert_close(one["latent"][1], want[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(one["latent"][[0, 2]], torch.zeros(2, 32))
-    torch.testing.assert_close(one["state"][2], torch.stack([wkv @ u[2], wgate @ u[2]]), rtol=1e-6, atol=1e-5)
-    assert torch.equal(one["state"][:2], state[:2])
+    torch.testing.assert_close(
+        one["state"][2, :3], torch.stack([u[:3] @ wkv.T, u[:3] @ wgate.T], 1), rtol=1e-6, atol=1e-5
+    )
+    assert torch.equal(one["state"][:2], state[:2]) and torch.equal(one["state"][2, 3:], state[2, 3:])
     rows = torch.cat([torch.full((1, 64), float("nan")), u[3:7]])
     two = _compress(2, rows, wkv, wgate, one["state"], [99, 3, 4, 5, 6], [-1, 0, 0, 0, 0], [2], [3])
     assert two["closes"].tolist() == [False, True, False, True, False]
     torch.testing.assert_close(two["latent"][[1, 3]], want[[1, 2]], rtol=1e-5, atol=1e-5)
     assert torch.equal(two["latent"][0], torch.zeros(32))
-    torch.testing.assert_close(two["state"][2], torch.stack([wkv @ u[6], wgate @ u[6]]), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(
+        two["state"][2, 3:], torch.stack([u[3:7] @ wkv.T, u[3:7] @ wgate.T], 1), rtol=1e-6, atol=1e-5
+    )
+    assert torch.equal(two["state"][2, :3], one["state"][2, :3])
+
+
+def test_compress_state_ring_keeps_the_open_group_through_a_rollback() -> None:
+    """Positions 0..4, then a verify step over 5..10 of which 5 and 6 are committed, then position 7 again
+    with another token: its group pools position 6 (from the ring) with the new token, as if no row past
+    6 had ever run. A chunk longer than the ring keeps only its last 7 positions."""
+    gen = torch.Generator().manual_seed(4)
+    u, rejected = torch.randn(8, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    wkv, wgate = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen)
+    state = _compress(2, u[:5], wkv, wgate, torch.zeros(1, 7, 2, 32), [0, 1, 2, 3, 4], [0] * 5, [0], [0])[
+        "state"
+    ]
+    verify = torch.cat([u[5:7], rejected])
+    state = _compress(2, verify, wkv, wgate, state, list(range(5, 11)), [0] * 6, [0], [5])["state"]
+    got = _compress(2, u[7:8], wkv, wgate, state, [7], [0], [0], [7])
+    torch.testing.assert_close(got["latent"][0], refs.pool_pairs(u, wkv, wgate)[3], rtol=1e-5, atol=1e-5)
+    long = _compress(
+        2, torch.cat([u, u]), wkv, wgate, torch.zeros(1, 7, 2, 32), list(range(16)), [0] * 16, [0], [0]
+    )
+    torch.testing.assert_close(
+        long["state"][0, torch.arange(9, 16) % 7],
+        torch.stack([u[1:] @ wkv.T, u[1:] @ wgate.T], 1),
+        rtol=1e-6,
+        atol=1e-5,
+    )
 
 
 def test_compress_rejects_rows_that_are_not_consecutive() -> None:
-    u, w, state = torch.randn(2, 64), torch.randn(32, 64), torch.zeros(1, 2, 32)
+    u, w, state = torch.randn(2, 64), torch.randn(32, 64), torch.zeros(1, 7, 2, 32)
     with pytest.raises(ExecutionError, match=r"row 1 \(position 3\) does not follow the row of position 2"):
         _compress(2, u, w, w, state, [1, 3], [0, 0], [0], [1])
 

@@ -48,6 +48,7 @@ class Layer:
     cand_block: int = 2
     cand_topk: int = 2
     slots: int = 3
+    comp_ring: int = 7  # compressor state ring (ratio 2)
 
 
 LENGTHS = (29, 20)
@@ -85,7 +86,7 @@ def _compress_graph(layer: Layer):  # type: ignore[no-untyped-def]
     d, h = layer.width, layer.hidden
     types = [tt((T, h), "f32"), tt((d, h), "f32")]
     if layer.ratio == 2:
-        types += [tt((d, h), "f32"), tt((layer.slots, 2, d), "f32")]
+        types += [tt((d, h), "f32"), tt((layer.slots, layer.comp_ring, 2, d), "f32")]
     types += [tt((T,)), tt((T,)), tt((S,)), tt((S,))]
 
     def compress_step(*xs):  # type: ignore[no-untyped-def]
@@ -197,7 +198,7 @@ def _run_schedule(layer: Layer, data: dict, sizes: tuple[list[int], list[int]]) 
         "pool_idx": torch.zeros(
             POOL_BLOCKS, layer.block_size, layer.index_dim // 2 + layer.index_dim // 32, dtype=torch.uint8
         ),
-        "state": torch.zeros(layer.slots, 2, d),
+        "state": torch.zeros(layer.slots, layer.comp_ring, 2, d),
     }
     done, results = [0, 0], {}
     for step in range(max(len(sizes[0]), len(sizes[1]))):
@@ -283,8 +284,8 @@ def test_chunked_steps_equal_one_chunk_bit_for_bit(ratio: int, schedule: str) ->
             assert torch.equal(got[key][name], value), f"{schedule}: {name} of (sequence, position) {key}"
     for name in ("ring", "pool_kv", "pool_idx"):
         assert torch.equal(caches[name], want_caches[name]), f"{schedule}: final {name}"
-    open_slots = [SLOT[s] for s in range(2) if ratio == 2 and LENGTHS[s] % 2 == 1]
-    assert torch.equal(caches["state"][open_slots], want_caches["state"][open_slots])
+    # Both sequences are longer than the state ring, so every entry of their slots is the same position's.
+    assert ratio == 1 or torch.equal(caches["state"], want_caches["state"]), f"{schedule}: final state"
 
 
 @pytest.mark.parametrize("ratio", [1, 2])
