@@ -64,4 +64,5 @@ NB_MODULE(_native, m) {
     dsgraph::bind::bind_caches(m);
     dsgraph::bind::bind_step_plan(m);
     dsgraph::bind::bind_scheduler(m);
+    dsgraph::bind::bind_spec(m);
 }

@@ -447,3 +447,186 @@ class Scheduler:
 
     def page_refcounts(self, ratio: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]:
         """Reference count of every page of the ratio (a copy)."""
+
+class CurveLookup(enum.Enum):
+    """
+    STEP: a step of n rows costs the first profiled size >= n (padded buckets); LINEAR: linear interpolation between profiled sizes (eager platforms).
+    """
+
+    STEP = 0
+
+    LINEAR = 1
+
+class ThroughputCurve:
+    """
+    Profiled (rows per step -> step ms) points with an online per-row slope correction; runtime/csrc/spec_curve.h documents the estimator.
+    """
+
+    def __init__(self, sizes: Sequence[int], step_ms: Sequence[float], lookup: CurveLookup = CurveLookup.STEP, window: int = 5000, min_samples: int = 10, min_fraction: float = 0.1) -> None:
+        """ValueError names the first bad size, time or correction setting."""
+
+    @property
+    def sizes(self) -> list[int]:
+        """Profiled row counts, ascending."""
+
+    @property
+    def step_ms(self) -> list[float]:
+        """Profiled step times (ms), one per size."""
+
+    @property
+    def lookup(self) -> CurveLookup: ...
+
+    @property
+    def largest(self) -> int: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def min_samples(self) -> int: ...
+
+    @property
+    def min_fraction(self) -> float: ...
+
+    @property
+    def slope_ms(self) -> float:
+        """Current per-row correction (ms)."""
+
+    @property
+    def min_slope_ms(self) -> float: ...
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the window."""
+
+    def profiled(self, n: int) -> float:
+        """Profiled time of n rows, uncorrected."""
+
+    def predict(self, n: int) -> float:
+        """Corrected time of n rows (ms), always > 0."""
+
+    def observe(self, n: int, measured_ms: float) -> None:
+        """Record a measured step of n real rows and refit the slope."""
+
+    def reset(self) -> None:
+        """Forget every sample (slope 0)."""
+
+class VerifyPlan:
+    """Drafts each request verifies this step, and the plan's value."""
+
+    @property
+    def drafts(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """[requests] int32, a read-only view alive as long as the plan."""
+
+    @property
+    def total_drafts(self) -> int: ...
+
+    @property
+    def num_rows(self) -> int:
+        """requests + other_rows + total_drafts."""
+
+    @property
+    def expected_tokens(self) -> float: ...
+
+    @property
+    def step_ms(self) -> float:
+        """Predicted step time; 0 without a curve."""
+
+def cumulative_acceptance(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.float64], dict(shape=(None, None))]:
+    """
+    [requests, nextn] float64 cumulative products (0 past a request's length).
+    """
+
+def split_drafts(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], total: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None,))]:
+    """
+    Drafts per request when `total` drafts go to the largest cumulative probabilities.
+    """
+
+def plan_verification(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], curve: ThroughputCurve, max_total: int, other_rows: int = 0) -> VerifyPlan:
+    """
+    The total of drafts maximising expected tokens / predicted time, split by the greedy prefix.
+    """
+
+def plan_fixed(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None, lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], draft_len: int, curve: ThroughputCurve | None, max_total: int, other_rows: int = 0) -> VerifyPlan:
+    """
+    Every request verifies min(draft_len, its drafts), trimmed to max_total.
+    """
+
+class SpecStatsSnapshot:
+    """
+    Totals and rates (NaN where undefined); runtime/csrc/spec_stats.h defines them.
+    """
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def sequences(self) -> int: ...
+
+    @property
+    def verified_tokens(self) -> int: ...
+
+    @property
+    def accepted_tokens(self) -> int: ...
+
+    @property
+    def accept_rate(self) -> float: ...
+
+    @property
+    def mean_accepted_len(self) -> float: ...
+
+    @property
+    def mean_verified_len(self) -> float: ...
+
+    @property
+    def verified_at(self) -> list[int]: ...
+
+    @property
+    def reached_at(self) -> list[int]: ...
+
+    @property
+    def accepted_at(self) -> list[int]: ...
+
+    @property
+    def position_accept_rate(self) -> list[float]: ...
+
+    @property
+    def position_conditional_rate(self) -> list[float]: ...
+
+    @property
+    def calibration_count(self) -> int: ...
+
+    @property
+    def calibration_mae(self) -> float: ...
+
+    @property
+    def calibration_ece(self) -> float: ...
+
+    @property
+    def bin_count(self) -> list[int]: ...
+
+    @property
+    def bin_confidence(self) -> list[float]: ...
+
+    @property
+    def bin_acceptance(self) -> list[float]: ...
+
+class SpecStats:
+    """Accumulates verify outcomes: acceptance per position, calibration."""
+
+    def __init__(self, nextn: int, num_bins: int = 10) -> None: ...
+
+    @property
+    def nextn(self) -> int: ...
+
+    @property
+    def num_bins(self) -> int: ...
+
+    def record(self, verified: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], accepted: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None = None) -> None:
+        """
+        One verify step: int32 [requests] verified and accepted drafts, optional float64 [requests, nextn] conditional confidences; ValueError names the bad request.
+        """
+
+    def snapshot(self) -> SpecStatsSnapshot: ...
+
+    def reset(self) -> None: ...
