@@ -68,6 +68,11 @@ class _Live:
     prompt_logprobs: dict[int, float] = field(default_factory=dict)  # prompt position -> logprob
     checked: int = 0  # text length already searched for stop strings
     emitted: int = 0  # text length already returned
+    # Prompt tokens served from the prefix cache: counted from the plans while the prompt is prefilled
+    # (first chunk's start + rows marked is_replay, which together reach the hit's end); None until the
+    # request's first chunk is planned.
+    num_cached_tokens: int | None = None
+    error: str | None = None  # why the engine failed this request (finish is then "abort")
 
     @property
     def text(self) -> str:
@@ -93,7 +98,9 @@ class TokenEvent:
     logprob: float
     top: list[tuple[int, float]]
     finished: bool
-    finish_reason: str | None
+    finish_reason: str | None  # "stop", "length", "abort", or "error" (see `error`)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (final from the first token)
+    error: str | None = None  # set with finish_reason "error": the request failed inside the engine
 
 
 class Engine:
@@ -123,6 +130,8 @@ class Engine:
         self.sampler = Sampler(cfg.text.vocab_size)
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`
+        self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
+        self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
 
     def _cache_sizes(self) -> CacheSizes:
         c, geo = self.config, self.model.geo
@@ -165,6 +174,7 @@ class Engine:
             [int(t) for t in prompt_ids],
             IncrementalDetokenizer(self.tokenizer, list(prompt_ids)),
         )
+        self._prefilling.add(rid)
 
     def abort(self, rid: int) -> None:
         if rid in self.live and self.live[rid].finish is None:
@@ -177,6 +187,13 @@ class Engine:
         if live is not None and live.finish is None:
             raise ValueError(f"release: request {rid} has not finished")
         self.live.pop(rid, None)
+        self._prefilling.discard(rid)
+        self._faults.pop(rid, None)
+
+    def inject_fault(self, rid: int, after_tokens: int = 0) -> None:
+        """Test hook: the request fails inside the engine (a RuntimeError in its per-request commit) once
+        it has `after_tokens` tokens; servers use it to test that one failing request is isolated."""
+        self._faults[rid] = after_tokens
 
     def prefix_cache_stats(self) -> tuple[int, int]:
         """(prompt tokens looked up, prompt tokens served from the prefix cache) since the start."""
@@ -185,7 +202,8 @@ class Engine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        # a request aborted while in the planned step holds its caches until that step is committed
+        return self.scheduler.has_unfinished or (self._plan is not None and self._plan.bucket > 0)
 
     def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
         """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
@@ -231,27 +249,86 @@ class Engine:
         if plan.bucket == 0:
             events, self._plan = self.scheduler.advance([])
             return [self._abort_event(e) for e in events if e.reason == "abort"]
-        logits = self._run(plan)
+        if not self.scheduler.has_unfinished:  # every request of the plan was aborted: free their caches
+            self._skip(plan)  # their callers know already (as for aborts in a plan that runs)
+            return []
+        self._count_cached(plan)
         rids = [int(r) for r in plan.sample_rids]
-        positions = torch.from_numpy(np.array(plan.positions))[
-            torch.from_numpy(np.array(plan.sample_rows)).long()
-        ]
         live = [self.live.get(r, _RELEASED) for r in rids]  # a released abort may sit in the plan
-        s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
-        s = _force(s, logits, live)
+        try:
+            logits = self._run(plan)
+            positions = torch.from_numpy(np.array(plan.positions))[
+                torch.from_numpy(np.array(plan.sample_rows)).long()
+            ]
+            s = self.sampler.sample(
+                logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1
+            )
+            s = _force(s, logits, live)
+        except Exception as exc:  # the step's requests fail; the engine and everyone else go on
+            return self._fail_plan(plan, exc)
         events, self._plan = self.scheduler.advance(s.tokens.numpy())
         by_rid = {e.rid: e for e in events}
-        return [
-            self._commit(i, rid, s, by_rid.get(rid))
-            for i, rid in enumerate(rids)
-            if rid in self.live and self.live[rid].finish is None
-        ]
+        out = []
+        for i, rid in enumerate(rids):
+            if rid in self.live and self.live[rid].finish is None:
+                try:
+                    out.append(self._commit(i, rid, s, by_rid.get(rid)))
+                except Exception as exc:  # one request's post-processing failed: only it ends
+                    out.append(self._fail(rid, exc))
+        return out
+
+    def _count_cached(self, plan) -> None:  # type: ignore[no-untyped-def]
+        """Per-request prefix-cache hits, read off the plan: a hit of h tokens admits the request at
+        start <= h (the replay start) and marks its rows below h is_replay, so h = the first chunk's
+        start + its is_replay rows over all prefill chunks. Only requests still prefilling are looked at."""
+        for rid in plan.preempted:  # readmitted later with a fresh lookup
+            live = self.live.get(int(rid))
+            if live is not None and int(rid) in self._prefilling:
+                live.num_cached_tokens = None
+        if not self._prefilling:
+            return
+        n = plan.num_tokens
+        replay = np.bincount(
+            np.asarray(plan.seq_ids[:n])[np.asarray(plan.is_replay[:n]) != 0], minlength=plan.num_seqs
+        )
+        starts = plan.seq_start
+        for k, rid in enumerate(plan.seq_rids[: plan.num_seqs].tolist()):
+            live = self.live.get(rid)
+            if live is None or rid not in self._prefilling:
+                continue
+            if live.num_cached_tokens is None:
+                live.num_cached_tokens = int(starts[k])
+            live.num_cached_tokens += int(replay[k])
+
+    def _fail(self, rid: int, exc: Exception) -> TokenEvent:
+        """End one request with an internal error (its caches are freed by the scheduler's abort)."""
+        live = self.live[rid]
+        self.scheduler.abort(rid)
+        live.finish, live.error = "abort", f"internal error: {type(exc).__name__}: {exc}"
+        self._prefilling.discard(rid)
+        return TokenEvent(rid, -1, "", 0.0, [], True, "error", live.num_cached_tokens or 0, live.error)
+
+    def _fail_plan(self, plan, exc: Exception) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """The step failed before sampling: fail every request in it, then commit the plan with
+        placeholder tokens, which the scheduler drops for aborted requests."""
+        rids = dict.fromkeys(int(r) for r in plan.seq_rids[: plan.num_seqs])
+        failed = [self._fail(r, exc) for r in rids if r in self.live and self.live[r].finish is None]
+        self._skip(plan)
+        return failed
+
+    def _skip(self, plan) -> None:  # type: ignore[no-untyped-def]
+        """Commit a plan without running it; only valid when all its requests were aborted (the
+        scheduler drops their placeholder tokens and frees their caches)."""
+        _, self._plan = self.scheduler.advance(np.zeros(len(plan.sample_rows), dtype=np.int32))
 
     def _abort_event(self, e) -> TokenEvent:  # type: ignore[no-untyped-def]
         return TokenEvent(e.rid, -1, "", 0.0, [], True, "abort")
 
     def _commit(self, i: int, rid: int, s, event) -> TokenEvent:  # type: ignore[no-untyped-def]
         live, token = self.live[rid], int(s.tokens[i])
+        self._prefilling.discard(rid)  # a sampled row ends the prefill: the hit count is final
+        if rid in self._faults and len(live.tokens) >= self._faults[rid]:
+            raise RuntimeError(f"fault injected into request {rid} (Engine.inject_fault)")
         k = live.params.top_logprobs
         top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))
         live.tokens.append(token)
@@ -263,7 +340,8 @@ class Engine:
             finished, reason = True, "stop"
         elif finished:
             live.finish = reason
-        return TokenEvent(rid, token, text, float(s.logprobs[i]), top, finished, reason)
+        cached = live.num_cached_tokens or 0
+        return TokenEvent(rid, token, text, float(s.logprobs[i]), top, finished, reason, cached)
 
     def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
         """Text to emit for this token: never half a character, never a (partial) stop string."""

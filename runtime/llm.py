@@ -86,11 +86,20 @@ class LLM:
                 )
             )
         prompt_lp = None
-        if req.params.prompt_logprobs and req.rids:
+        first = self.engine.live[req.rids[0]]
+        if req.params.prompt_logprobs:
             # positions served from the prefix cache were not recomputed: their logprob is None
-            got = self.engine.live[req.rids[0]].prompt_logprobs
-            prompt_lp = tuple(got.get(i) for i in range(len(req.prompt_ids)))
-        return RequestOutput(str(req.index), req.prompt, tuple(req.prompt_ids), tuple(comps), prompt_lp)
+            prompt_lp = tuple(first.prompt_logprobs.get(i) for i in range(len(req.prompt_ids)))
+        error = next((self.engine.live[rid].error for rid in req.rids if self.engine.live[rid].error), None)
+        return RequestOutput(
+            str(req.index),
+            req.prompt,
+            tuple(req.prompt_ids),
+            tuple(comps),
+            prompt_lp,
+            error,
+            first.num_cached_tokens or 0,
+        )
 
     def stream(
         self,

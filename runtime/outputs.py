@@ -64,7 +64,10 @@ class RequestOutput:
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
     prompt_logprobs: tuple[float | None, ...] | None = None
-    error: str | None = None  # a rejected request: the message names the bad field; `outputs` is empty
+    # A rejected request: the message names the bad field and `outputs` is empty. A request that failed
+    # inside the engine: the message says why and `outputs` holds what it produced before.
+    error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (not recomputed)
 
     def __post_init__(self) -> None:
         if self.prompt_logprobs is not None and len(self.prompt_logprobs) != len(self.prompt_token_ids):

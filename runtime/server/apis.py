@@ -4,6 +4,7 @@ and creation time, and the error shape. Everything else (engine, streaming, erro
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ class Api:
     response: type[Response]
     head: Callable[[dict[str, Any]], tuple[str, int]]  # first event's JSON -> (id, created)
     error_body: Callable[[dict[str, Any]], dict[str, Any]]  # the OpenAI error object -> this protocol's
+    # the OpenAI error object -> the server-sent event that ends a stream which failed after it began
+    sse_error: Callable[[dict[str, Any]], str]
 
 
 _SAMPLING: dict[str, tuple[type, ...]] = {
@@ -73,9 +76,28 @@ def _same(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _anthropic_error(body: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic's error shape; the recipe reports every protocol's errors in OpenAI's."""
+    """Anthropic's error shape; the recipe reports every protocol's errors in OpenAI's. Anthropic calls
+    a server-side failure "api_error"."""
     err = body["error"]
-    return {"type": "error", "error": {"type": err["type"], "message": err["message"]}}
+    kind = "api_error" if err["type"] == "server_error" else err["type"]
+    return {"type": "error", "error": {"type": kind, "message": err["message"]}}
+
+
+def _chat_sse_error(body: dict[str, Any]) -> str:
+    # the openai client raises APIError for any stream data holding an "error" key
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _responses_sse_error(body: dict[str, Any]) -> str:
+    # the Responses "error" event (type, code, message, param), with the error object as well so that
+    # clients which look for "error" (the openai client) raise it
+    err = body["error"]
+    event = {"type": "error", "code": err["code"], "message": err["message"], "param": err["param"], **body}
+    return f"event: error\ndata: {json.dumps(event)}\n\n"
+
+
+def _messages_sse_error(body: dict[str, Any]) -> str:
+    return f"event: error\ndata: {json.dumps(_anthropic_error(body))}\n\n"
 
 
 CHAT = Api(
@@ -96,6 +118,7 @@ CHAT = Api(
     response=dr.ChatCompletionResponse,
     head=lambda h: (h["id"], h["created"]),
     error_body=_same,
+    sse_error=_chat_sse_error,
 )
 
 RESPONSES = Api(
@@ -113,6 +136,7 @@ RESPONSES = Api(
     response=dr.ResponsesResponse,
     head=lambda h: (h["response"]["id"], h["response"]["created_at"]),
     error_body=_same,
+    sse_error=_responses_sse_error,
 )
 
 MESSAGES = Api(
@@ -125,6 +149,7 @@ MESSAGES = Api(
     # a Messages object has no creation time; the response builder still takes one
     head=lambda h: (h["message"]["id"], int(time.time())),
     error_body=_anthropic_error,
+    sse_error=_messages_sse_error,
 )
 
 APIS = (CHAT, RESPONSES, MESSAGES)

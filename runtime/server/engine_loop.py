@@ -11,8 +11,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import SamplingParams
+
+
+class EngineDead(RuntimeError):
+    """The engine thread has stopped; no request can be served."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +27,24 @@ class _Add:
     params: SamplingParams
     sink: Callable[[TokenEvent], None]
     done: concurrent.futures.Future[None]
+    fault_after: int | None  # test hook: Engine.inject_fault(rid, fault_after)
 
 
 @dataclass(frozen=True)
 class _Abort:
     rid: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Cache occupancy, published by the engine thread after every command and step (the scheduler is
+    not thread-safe, so the metrics never read it directly)."""
+
+    pages_in_use: float = 0.0  # fraction of all ratios' pages held by requests (idle cached pages excluded)
+    slots_in_use: int = 0
+    num_slots: int = 0
+    prefix_lookup_tokens: int = 0
+    prefix_hit_tokens: int = 0
 
 
 class EngineLoop:
@@ -39,6 +57,8 @@ class EngineLoop:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="dsgraph-engine", daemon=True)
         self.error: BaseException | None = None
+        self._num_slots = engine.scheduler.native.config.num_slots
+        self.usage = self._usage()
         self._thread.start()
 
     @property
@@ -54,17 +74,23 @@ class EngineLoop:
         return not self._sinks and self._commands.empty()
 
     async def add(
-        self, prompt_ids: list[int], params: SamplingParams
+        self, prompt_ids: list[int], params: SamplingParams, fault_after: int | None = None
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
-        """Queue a request; RequestError (bad params, long prompt) is raised here and nothing is queued."""
+        """Queue a request; RequestError (bad params, long prompt) is raised here and nothing is queued;
+        EngineDead when the engine thread has stopped."""
+        if self.error is not None:
+            raise EngineDead(f"the engine stopped: {self.error!r}")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         rid = next(self._ids)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._commands.put(
-            _Add(rid, prompt_ids, params, lambda e: loop.call_soon_threadsafe(events.put_nowait, e), done)
-        )
-        await asyncio.wrap_future(done)
+        sink = lambda e: loop.call_soon_threadsafe(events.put_nowait, e)  # noqa: E731
+        self._commands.put(_Add(rid, prompt_ids, params, sink, done, fault_after))
+        try:
+            await asyncio.wrap_future(done)
+        except asyncio.CancelledError:  # the client left while queued: the add still runs, so undo it
+            self.abort(rid)
+            raise
         return rid, events
 
     def abort(self, rid: int) -> None:
@@ -86,6 +112,8 @@ class EngineLoop:
         except Exception as exc:  # handed to the awaiting request handler
             cmd.done.set_exception(exc)
             return
+        if cmd.fault_after is not None:
+            self.engine.inject_fault(cmd.rid, cmd.fault_after)
         self._sinks[cmd.rid] = cmd.sink
         cmd.done.set_result(None)
 
@@ -96,15 +124,30 @@ class EngineLoop:
                     cmd = self._commands.get(block=not self.engine.has_unfinished)
                 except queue.Empty:
                     self._step()
+                    self.usage = self._usage()
                     continue
                 if cmd is None:
                     return
                 self._apply(cmd)
+                self.usage = self._usage()
         except BaseException as exc:  # a dead loop must be visible: /health reports it
             self.error = exc
-            for sink in self._sinks.values():
-                sink(TokenEvent(-1, -1, "", 0.0, [], True, "error"))
+            self._fail_all(exc)
             raise
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """Every request in flight or queued gets an error instead of waiting forever."""
+        message = f"the engine stopped: {exc!r}"
+        for sink in self._sinks.values():
+            sink(TokenEvent(-1, -1, "", 0.0, [], True, "error", 0, message))
+        self._sinks.clear()
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                cmd.done.set_exception(EngineDead(message))
 
     def _step(self) -> None:
         for event in self.engine.step():
@@ -114,3 +157,12 @@ class EngineLoop:
             if event.finished:
                 self._sinks.pop(event.rid, None)
                 self.engine.release(event.rid)  # its events carried everything the handler needs
+
+    def _usage(self) -> Usage:
+        sched, total, held = self.engine.scheduler, 0, 0
+        for r in ratios(self.engine.model.plans):
+            pages = sched.page_usage(r)
+            total, held = total + pages.total, held + pages.used - pages.idle
+        lookup, hit = self.engine.prefix_cache_stats()
+        slots = self._num_slots - sched.native.num_free_slots
+        return Usage(held / total if total else 0.0, slots, self._num_slots, lookup, hit)

@@ -18,17 +18,24 @@ from dsgraph.runtime.server.apis import Api, GeneratorFactory
 class ApiError(Exception):
     """A request the server refuses; `body` is the protocol's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status = status
-        self.body = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": param,
-                "code": code or "invalid_request_error",
-            }
-        }
+        self.body = {"error": {"message": message, "type": kind, "param": param, "code": code or kind}}
+
+    @classmethod
+    def internal(cls, message: str, status: int = 500) -> ApiError:
+        """A failure on the server's side (OpenAI's "server_error"; Anthropic's "api_error")."""
+        return cls(
+            status, message, code="internal_error" if status == 500 else "unavailable", kind="server_error"
+        )
 
     @classmethod
     def from_conversion(cls, exc: dr.ConversionError) -> ApiError:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx2 as httpx  # the HTTP client the `openai` package ships on
 import uvicorn
 
 
@@ -30,3 +31,24 @@ def serving(app: Any) -> Iterator[str]:
         srv.should_exit = True
         thread.join(10)
         app.state.server.loop.close()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The server's /metrics as {series with labels: value}."""
+    text = httpx.get(f"{url}/metrics").text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and line[0] != "#"}
+
+
+def wait_idle(state: Any, timeout: float = 10) -> None:
+    """Until the engine loop has no request queued or running (the server's own requests ended)."""
+    deadline = time.time() + timeout
+    while not (state.loop.idle and not state.loop.engine.has_unfinished):
+        assert time.time() < deadline, "requests still in the engine"
+        time.sleep(0.02)
+
+
+def held_pages(engine: Any) -> dict[int, int]:
+    """Pages per ratio held by requests (used and not merely kept by the prefix cache)."""
+    from dsgraph.models.deepseek_v41.step_io import ratios
+
+    return {r: (u := engine.scheduler.page_usage(r)).used - u.idle for r in ratios(engine.model.plans)}

@@ -1,6 +1,7 @@
 """`dsgraph serve` on a tiny checkpoint with DeepSeek's real tokenizer, its outputs forced through the
 server's test hook (FORCED_FIELD -> SamplingParams.golden_token_ids): reasoning and DSML tool calls as
-the model would write them, parsed by the recipe into `reasoning_content` and `tool_calls`."""
+the model would write them, parsed by the recipe into `reasoning_content` and `tool_calls`; stop
+sequences met at a known place; one request failing inside the engine (FAULT_FIELD) while others go on."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import pytest
 
 from dsgraph.models.deepseek_v41.tiny import make_tiny
 from dsgraph.runtime.engine import Engine, EngineConfig
-from dsgraph.runtime.server.app import FORCED_FIELD, create_app
+from dsgraph.runtime.server.app import FAULT_FIELD, FORCED_FIELD, create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
-from tests.e2e.serve_util import serving
+from tests.e2e.serve_util import held_pages, serving, wait_idle
 
 openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
 MODEL = "tiny-deepseek"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [
@@ -46,13 +48,16 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     root = make_tiny(tmp_path_factory.mktemp("tiny_deepseek"), seed=0, tokenizer="deepseek")
     engine = Engine(root, EngineConfig(max_model_len=1024, max_num_seqs=4))
     tok = recipe_tokenizer(root)
-    app = create_app(engine, MODEL, tok, thinking=True, allow_forced_outputs=True)
+    app = create_app(engine, MODEL, tok, thinking=True, allow_forced_outputs=True, allow_fault_injection=True)
 
     def forced(text: str) -> list[int]:  # the model's output tokens, ending in EOS
         return [*tok.encode(text), engine.cfg.eos_token_id]
 
     with serving(app) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0), forced
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+        client.anthropic = anthropic.Anthropic(base_url=url, api_key="-", max_retries=0)
+        client.state = app.state.server
+        yield client, forced
 
 
 def _create(client, ids: list[int], **kw):  # type: ignore[no-untyped-def]
@@ -107,3 +112,91 @@ def test_forced_ids_outside_the_vocabulary_are_a_400(server) -> None:  # type: i
     client, _ = server
     with pytest.raises(openai.BadRequestError, match=r"golden_token_ids\[1\]: 129280"):
         _create(client, [5, 129280])
+
+
+STOP_TEXT = f"{REASONING}</think>The answer is 42. END of the answer."
+
+
+def test_openai_stop_sequence_ends_the_answer_before_it(server) -> None:  # type: ignore[no-untyped-def]
+    client, forced = server
+    ids = forced(STOP_TEXT)
+    out = _create(client, ids, stop=["END"])
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content == "The answer is 42. "
+    assert choice.message.reasoning_content == REASONING
+    # generation ended at the token completing "END", well before the forced EOS
+    assert out.usage.completion_tokens < len(ids) - 3
+
+    chunks = list(_create(client, ids, stop=["END"], stream=True))
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(deltas) == "The answer is 42. " and not any("END" in d for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "stop"
+    ]
+
+
+def test_anthropic_stop_sequences_report_the_sequence_met(server) -> None:  # type: ignore[no-untyped-def]
+    client, forced = server
+    ids = forced(STOP_TEXT)
+    kw = dict(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=len(ids) + 4,
+        stop_sequences=["NEVER", "END"],
+        extra_body={FORCED_FIELD: ids},
+    )
+    out = client.anthropic.messages.create(**kw)
+    text = "".join(block.text for block in out.content if block.type == "text")
+    assert out.stop_reason == "stop_sequence" and out.stop_sequence == "END"
+    assert text == "The answer is 42. " and out.usage.output_tokens < len(ids) - 3
+
+    events = list(client.anthropic.messages.create(**kw, stream=True))
+    streamed = "".join(
+        e.delta.text for e in events if e.type == "content_block_delta" and e.delta.type == "text_delta"
+    )
+    (delta,) = [e for e in events if e.type == "message_delta"]
+    assert (
+        streamed == text and delta.delta.stop_reason == "stop_sequence" and delta.delta.stop_sequence == "END"
+    )
+
+
+def _faulty(ids: list[int], after: int) -> dict:  # type: ignore[type-arg]
+    return {FORCED_FIELD: ids, FAULT_FIELD: after}
+
+
+def test_engine_failure_of_one_request_is_a_5xx_for_it_alone(server) -> None:  # type: ignore[no-untyped-def]
+    client, forced = server
+    ids = forced(f"{REASONING}</think>{ANSWER}")
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=len(ids) + 4)
+    # before the first token: an error status, streaming or not
+    with pytest.raises(openai.InternalServerError, match="fault injected") as err:
+        client.chat.completions.create(**kw, extra_body=_faulty(ids, 0))
+    assert err.value.status_code == 500 and err.value.body["type"] == "server_error"
+    with pytest.raises(openai.InternalServerError, match="fault injected"):
+        client.chat.completions.create(**kw, stream=True, extra_body=_faulty(ids, 0))
+    with pytest.raises(anthropic.InternalServerError, match="fault injected") as aerr:
+        client.anthropic.messages.create(**kw, extra_body=_faulty(ids, 0))
+    assert aerr.value.body["error"]["type"] == "api_error"
+
+    # after the stream began: the stream ends in the protocol's error event
+    got: list[object] = []
+    with pytest.raises(openai.APIError, match="fault injected"):
+        got.extend(client.chat.completions.create(**kw, stream=True, extra_body=_faulty(ids, 3)))
+    assert got  # the events before the failure arrived
+    with pytest.raises(openai.APIError, match="fault injected"):
+        list(
+            client.responses.create(
+                model=MODEL,
+                input="Hi",
+                max_output_tokens=len(ids) + 4,
+                stream=True,
+                extra_body=_faulty(ids, 3),
+            )
+        )
+    with pytest.raises(anthropic.APIError, match="fault injected"):
+        list(client.anthropic.messages.create(**kw, stream=True, extra_body=_faulty(ids, 3)))
+
+    wait_idle(client.state)
+    assert set(held_pages(client.state.loop.engine).values()) == {0}
+    out = _create(client, ids)
+    assert out.choices[0].message.content == ANSWER and out.choices[0].finish_reason == "stop"
