@@ -2,6 +2,10 @@
 
 A platform is a module `dsgraph.platform.<name>.target` with a `PLATFORM` object. A missing rule is
 an error at lowering time that names the op, the equation, the platform and its registered ops.
+
+A platform whose rules write some operands in place (the cuda platform's cache writes) declares them in
+`inplace`; lowering then orders the graph so that no equation reads an overwritten value afterwards, or
+fails naming the equations (`platform/inplace.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dsgraph.graph.passes.memory import MemoryPlan, plan_memory
 from dsgraph.graph.printer import format_eqn
 
 Rule = Callable[..., Any]
-PLATFORM_NAMES = ("cpu", "null")
+PLATFORM_NAMES = ("cpu", "null", "cuda")
+# op -> eqn -> (operand index, output index) pairs whose output aliases (overwrites) that operand
+Inplace = Callable[[Eqn], tuple[tuple[int, int], ...]]
 
 
 class LoweringError(RuntimeError):
@@ -30,6 +36,9 @@ class Platform:
     executes: bool = True
     # op name -> why it is not lowered here (an explicit gap, checked by the coverage test)
     unsupported: Mapping[str, str] = field(default_factory=dict)
+    # op name -> why its rule is not the platform's preferred one (e.g. a kernel module failed to import)
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    inplace: Mapping[str, Inplace] = field(default_factory=dict)
 
     def rule_for(self, eqn: Eqn, where: str = "") -> Rule:
         rule = self.rules.get(eqn.op)
@@ -57,19 +66,26 @@ class Program:
     platform: str
     steps: tuple[LoweredStep, ...]
     memory: MemoryPlan | None
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    inplace: Mapping[str, Inplace] = field(default_factory=dict)
 
     def as_text(self) -> str:
         lines = [f"program {self.graph.name} on {self.platform}: {len(self.steps)} steps"]
         for i, step in enumerate(self.steps):
-            lines.append(f"  [{i}] {step.eqn.op:<16} -> {_rule_name(step.rule)}")
+            why = self.fallbacks.get(step.eqn.op)
+            note = f"  (fallback: {why})" if why else ""
+            lines.append(f"  [{i}] {step.eqn.op:<16} -> {_rule_name(step.rule)}{note}")
+        used = sorted({s.eqn.op for s in self.steps} & set(self.fallbacks))
+        lines += [f"fallback {op}: {self.fallbacks[op]}" for op in used]
         text = "\n".join(lines) + "\n"
         return text + (self.memory.as_text() if self.memory else "memory: not planned (symbolic dims)\n")
 
 
 def _rule_name(rule: Rule) -> str:
-    return (
-        f"{getattr(rule, '__module__', '?').rsplit('.', 1)[-1]}.{getattr(rule, '__qualname__', repr(rule))}"
-    )
+    module = getattr(rule, "__module__", "?").removeprefix("dsgraph.platform.")
+    # cpu rules keep their short name (golden dumps); other platforms' rules name their module path
+    short = module.rsplit(".", 1)[-1] if module.startswith("cpu.") else module
+    return f"{short}.{getattr(rule, '__qualname__', repr(rule))}"
 
 
 def get_platform(name: str) -> Platform:
@@ -81,6 +97,11 @@ def get_platform(name: str) -> Platform:
 def lower(graph: Graph, platform: Platform | str) -> Program:
     plat = get_platform(platform) if isinstance(platform, str) else platform
     where = f"graph {graph.name}, "
+    if plat.inplace:
+        from dsgraph.platform.inplace import order_for_inplace
+
+        graph = order_for_inplace(graph, plat)
     steps = tuple(LoweredStep(e, plat.rule_for(e, f"{where}eqn {i} ")) for i, e in enumerate(graph.eqns))
     concrete = not graph.symbols
-    return Program(graph, plat.name, steps, plan_memory(graph) if concrete else None)
+    memory = plan_memory(graph) if concrete else None
+    return Program(graph, plat.name, steps, memory, plat.fallbacks, plat.inplace)

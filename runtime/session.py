@@ -1,12 +1,20 @@
 """A Session owns one rank's weights, cache memory and lowered step programs; `run(step)` executes one
-step on the cpu platform. Programs are lowered once per bucket (the concrete sizes of the step's
-symbolic dims) and reused: `programs_built` counts lowerings, so a repeated bucket never re-lowers.
+step. Programs are lowered once per bucket (the concrete sizes of the step's symbolic dims) and reused:
+`programs_built` counts lowerings, so a repeated bucket never re-lowers.
+
+On the cpu platform a step runs as given and the caches are replaced by the step's cache outputs. On the
+cuda platform weights and caches live on the device, cache writes are in place, and every step dim
+(tokens, seqs, outs) is padded to a power of two (`runtime/step_padding.py`), so at most
+log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist; each bucket's program is captured into
+CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.py`), or with
+`capture=False` run eagerly on the same padded shapes (debugging).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +26,9 @@ from dsgraph.models.deepseek_v41.model import V41Model, trace_step
 from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
-from dsgraph.platform.registry import Program, lower
+from dsgraph.platform.cuda.execute import resolve_device
+from dsgraph.platform.registry import Platform, Program, lower
+from dsgraph.runtime.step_padding import bucket_size, pad_step
 
 Array = torch.Tensor | np.ndarray
 
@@ -67,41 +77,108 @@ def size_caches(model: V41Model, num_slots: int, budget_bytes: int) -> CacheSize
 
 class Session:
     def __init__(
-        self, model: V41Model, weights: Mapping[str, torch.Tensor], caches: CacheSizes, *, debug: bool = False
+        self,
+        model: V41Model,
+        weights: Mapping[str, torch.Tensor],
+        caches: CacheSizes,
+        *,
+        debug: bool = False,
+        platform: str | Platform = "cpu",
+        device: torch.device | str | None = None,
+        capture: bool = True,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
+        from dsgraph.runtime.spec_draft import target_weights
 
-        self.model = model
-        self.weights = {f"weights.{k}": v for k, v in weights.items() if not k.startswith("mtp.")}
-        self.graph: Graph = trace_step(model, weight_types(dict(weights)), debug=debug)
+        name = platform if isinstance(platform, str) else platform.name
+        if name not in ("cpu", "cuda"):
+            raise ValueError(f"Session: platform {name!r}, expected 'cpu' or 'cuda'")
+        self.model, self.platform, self.capture = model, platform, capture
+        self.on_device = name == "cuda"
+        self.device = resolve_device(device if device is not None else name)
+        # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
+        target = target_weights(weights, model.dspark)
+        self.weights = {f"weights.{k}": v.to(self.device) for k, v in target.items()}
+        self.graph: Graph = trace_step(model, weight_types(target, backbone_only=False), debug=debug)
         self.cache_sizes = caches
         self.caches = {
-            name: torch.zeros([caches.sizes().get(d, d) for d in t.shape], dtype=to_torch(t.dtype))
+            name: torch.zeros(
+                [caches.sizes().get(d, d) for d in t.shape], dtype=to_torch(t.dtype), device=self.device
+            )
             for name, t in model.cache_types().items()
         }
         self.programs: dict[tuple[tuple[str, int], ...], Program] = {}
         self.programs_built = 0
+        self.step_dims = {name: str(t.shape[0]) for name, t in model.step_types().items()}
+        self.device_programs: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.captured: dict[tuple[tuple[str, int], ...], Any] = {}
+        self.captures = 0
+        self.pool: Any = None
         self.last_debug: dict[str, torch.Tensor] = {}
 
-    def _program(self, step: Mapping[str, torch.Tensor]) -> Program:
+    def _sizes(self, step: Mapping[str, Array]) -> dict[str, int]:
         sizes = dict(self.cache_sizes.sizes())
         sizes.update(tokens=int(step["token_ids"].shape[0]), seqs=int(step["seq_slot"].shape[0]))
         sizes["outs"] = int(step["sample_rows"].shape[0])
+        return sizes
+
+    def _program(self, sizes: dict[str, int]) -> Program:
         key = tuple(sorted(sizes.items()))
         if key not in self.programs:
-            self.programs[key] = lower(specialize(self.graph, sizes), "cpu")
+            self.programs[key] = lower(specialize(self.graph, sizes), self.platform)
             self.programs_built += 1
         return self.programs[key]
 
     def run(self, step: Mapping[str, Array]) -> torch.Tensor:
-        """Execute one step (inputs of `V41Model.step_types()` by name); returns logits [outs, vocab]."""
+        """Execute one step (inputs of `V41Model.step_types()` by name); returns logits [outs, vocab]
+        (on cuda a view of the bucket's static buffer, valid until the next step)."""
+        if self.on_device:
+            return self._run_device(step)
         tensors = {
             k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in step.items()
         }
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
-        out = run_program(self._program(tensors), args)
+        out = run_program(self._program(self._sizes(tensors)), args)
         for name in self.caches:
             self.caches[name] = out[f"caches.{name}"]
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
         return out["logits"]
+
+    def _run_device(self, step: Mapping[str, Array]) -> torch.Tensor:
+        from dsgraph.platform.cuda.capture import CapturedStep
+        from dsgraph.platform.cuda.execute import DeviceProgram
+
+        sizes = self._sizes(step)
+        outs = sizes["outs"]
+        sizes.update({d: bucket_size(sizes[d]) for d in ("tokens", "seqs", "outs")})
+        padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
+        key = tuple(sorted(sizes.items()))
+        if key not in self.device_programs:
+            self.device_programs[key] = DeviceProgram(self._program(sizes), self.device)
+        fixed = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
+        if not self.capture:
+            tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
+            out = self.device_programs[key].run({**fixed, **tensors})
+        else:
+            if key not in self.captured:
+                if self.pool is None and self.device.type == "cuda":
+                    self.pool = torch.cuda.graph_pool_handle()
+                empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in padded.items()}
+                padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, sizes).items()}
+                self.captured[key] = CapturedStep(self.device_programs[key], fixed, padding, pool=self.pool)
+                self.captures += 1
+            captured = self.captured[key]
+            captured.replay({f"step.{k}": v for k, v in padded.items()})
+            out = captured.outputs
+        self._keep_caches(out)
+        self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
+        return out["logits"][:outs]
+
+    def _keep_caches(self, out: Mapping[str, torch.Tensor]) -> None:
+        """Cache outputs are the cache buffers when every cache write ran in place; any other is copied in
+        (asynchronously: no host sync)."""
+        for name, buffer in self.caches.items():
+            value = out[f"caches.{name}"]
+            if value.data_ptr() != buffer.data_ptr():
+                buffer.copy_(value)

@@ -1,4 +1,4 @@
-"""IR dtype names <-> torch dtypes."""
+"""IR dtype names <-> torch dtypes; constant tables on a device."""
 
 from __future__ import annotations
 
@@ -27,3 +27,19 @@ def to_ir(dtype: torch.dtype) -> str:
     if dtype not in IR_DTYPES:
         raise TypeError(f"torch dtype {dtype} has no IR dtype; known: {sorted(TORCH_DTYPES)}")
     return IR_DTYPES[dtype]
+
+
+_CONSTANTS: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def constant(values: tuple, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A read-only table built once per device: rules index it instead of rebuilding it each call, and a
+    CUDA-graph capture finds it already on the device (a host-to-device copy cannot be captured).
+    Under a fake-tensor mode (shape probes) the table is built fresh and not kept."""
+    if type(torch.empty(0)) is not torch.Tensor:  # a tensor-subclass mode (fake tensors) is active
+        return torch.tensor(values, dtype=dtype, device=device)
+    key = (repr(values), dtype, torch.device(device))  # repr: -0.0 == 0.0 but the tables differ
+    table = _CONSTANTS.get(key)
+    if table is None:
+        table = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return table

@@ -23,7 +23,7 @@ class ExecutionError(RuntimeError):
     """A value did not match its declared type, or a rule failed; names the equation."""
 
 
-def _bind(ttype: TensorType, value: torch.Tensor, sizes: dict[str, int], what: str) -> None:
+def bind(ttype: TensorType, value: torch.Tensor, sizes: dict[str, int], what: str) -> None:
     if not isinstance(value, torch.Tensor):
         raise ExecutionError(f"{what}: expected a tensor {ttype}, got {type(value).__name__}")
     found = IR_DTYPES.get(value.dtype, str(value.dtype))
@@ -38,34 +38,44 @@ def _bind(ttype: TensorType, value: torch.Tensor, sizes: dict[str, int], what: s
             )
 
 
-def _value(atom: Atom, env: dict[int, torch.Tensor]) -> torch.Tensor:
-    if isinstance(atom, Lit):
-        return torch.tensor(atom.value, dtype=to_torch(atom.type.dtype))
-    return env[atom.id]
+def literal(atom: Lit, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.tensor(atom.value, dtype=to_torch(atom.type.dtype), device=device)
 
 
-def _where(i: int, eqn: Eqn) -> str:
+def _value(atom: Atom, env: dict[int, torch.Tensor], device: torch.device) -> torch.Tensor:
+    return literal(atom, device) if isinstance(atom, Lit) else env[atom.id]
+
+
+def where(i: int, eqn: Eqn) -> str:
     return f"eqn {i} `{format_eqn(eqn, with_source=False)}`" + (f" from {eqn.source}" if eqn.source else "")
 
 
-def _run_eqn(i: int, eqn: Eqn, rule: Any, env: dict[int, torch.Tensor], sizes: dict[str, int]) -> None:
+def _run_eqn(
+    i: int, eqn: Eqn, rule: Any, env: dict[int, torch.Tensor], sizes: dict[str, int], device: torch.device
+) -> None:
     try:
-        result = rule(eqn.params, *(_value(a, env) for a in eqn.inputs))
+        result = rule(eqn.params, *(_value(a, env, device) for a in eqn.inputs))
     except ExecutionError:
         raise
     except Exception as exc:
-        raise ExecutionError(f"{_where(i, eqn)}: {type(exc).__name__}: {exc}") from exc
+        raise ExecutionError(f"{where(i, eqn)}: {type(exc).__name__}: {exc}") from exc
     results = result if isinstance(result, tuple) else (result,)
     if len(results) != len(eqn.outputs):
         raise ExecutionError(
-            f"{_where(i, eqn)}: rule returned {len(results)} values for {len(eqn.outputs)} outputs"
+            f"{where(i, eqn)}: rule returned {len(results)} values for {len(eqn.outputs)} outputs"
         )
+    check_results(i, eqn, results, sizes)
+    for out, value in zip(eqn.outputs, results, strict=True):
+        env[out.id] = value
+
+
+def check_results(i: int, eqn: Eqn, results: Sequence[Any], sizes: dict[str, int]) -> None:
+    """A rule's results against its equation's output types (ExecutionError names the equation)."""
     for out, value in zip(eqn.outputs, results, strict=True):
         try:
-            _bind(out.type, value, sizes, "output")
+            bind(out.type, value, sizes, "output")
         except ExecutionError as exc:
-            raise ExecutionError(f"{_where(i, eqn)}: {exc}") from None
-        env[out.id] = value
+            raise ExecutionError(f"{where(i, eqn)}: {exc}") from None
 
 
 def run_program(
@@ -86,14 +96,16 @@ def run_program(
     env: dict[int, torch.Tensor] = {}
     sizes: dict[str, int] = {}
     for var, name, value in zip(graph.inputs, graph.input_names, values, strict=True):
-        _bind(var.type, value, sizes, f"graph {graph.name}: input {name}")
+        bind(var.type, value, sizes, f"graph {graph.name}: input {name}")
         env[var.id] = value
+    # literals go where the inputs are (a device-agnostic rule may combine them with any operand)
+    device = values[0].device if values else torch.device("cpu")
     if program.memory is None:  # lowered with symbolic dims (no memory plan): shape params may hold them,
         # so run the graph specialized to the sizes the inputs bound
         program = lower(specialize(graph, sizes), program.platform)
     for i, step in enumerate(program.steps):
-        _run_eqn(i, step.eqn, step.rule, env, sizes)
-    return {n: _value(a, env) for a, n in zip(graph.outputs, graph.output_names, strict=True)}
+        _run_eqn(i, step.eqn, step.rule, env, sizes, device)
+    return {n: _value(a, env, device) for a, n in zip(graph.outputs, graph.output_names, strict=True)}
 
 
 def run_graph(
@@ -103,4 +115,4 @@ def run_graph(
     return run_program(lower(graph, "cpu"), args)
 
 
-__all__ = ["ExecutionError", "Var", "run_graph", "run_program"]
+__all__ = ["ExecutionError", "Var", "bind", "check_results", "literal", "run_graph", "run_program", "where"]

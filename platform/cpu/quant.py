@@ -24,6 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from dsgraph.platform.cpu.dtypes import constant
+
 __all__ = [
     "E2M1_VALUES",
     "NvfpMode",
@@ -62,6 +64,7 @@ NVFP4_AMAX_FLOOR = 6 * 2**-9
 # Code -> value; bit 3 is the sign, so codes 8..15 are the negatives (8 is -0).
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_E2M1_UNSIGNED = (*E2M1_VALUES[:8], 0.0, *E2M1_VALUES[9:])  # code 8 -> +0
 
 
 def pow2_ceil(x: Tensor) -> Tensor:
@@ -74,7 +77,7 @@ def pow2_ceil(x: Tensor) -> Tensor:
 
 def pow2_scale(amax: Tensor, floor: float, qmax: float) -> Tensor:
     """`pow2_ceil(max(amax, floor) * fl32(1/qmax))` in FP32."""
-    reciprocal = torch.tensor(1.0 / qmax, dtype=torch.float32)
+    reciprocal = torch.tensor(1.0 / qmax, dtype=torch.float32)  # 0-dim: a scalar on any device
     return pow2_ceil(amax.to(torch.float32).clamp_min(floor) * reciprocal)
 
 
@@ -101,7 +104,7 @@ def e4m3_round(x: Tensor) -> Tensor:
 def e2m1_codes(x: Tensor) -> Tensor:
     """FP32 -> 4-bit E2M1 codes (uint8 0..15): clamp +-6, nearest level, midpoints to the even code."""
     magnitude = x.abs().clamp_max(E2M1_MAX).contiguous()
-    midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=magnitude.dtype)
+    midpoints = constant(_E2M1_MIDPOINTS, magnitude.dtype, magnitude.device)
     lower = torch.bucketize(magnitude, midpoints)  # number of midpoints strictly below: the lower level
     tie = magnitude == midpoints[lower.clamp_max(len(_E2M1_MIDPOINTS) - 1)]
     code = lower + (tie & (lower % 2 == 1)).to(lower.dtype)
@@ -114,9 +117,7 @@ def e2m1_values(codes: Tensor, signed_zero: bool = True) -> Tensor:
     The reference's checkpoint dequantizer decodes code 8 as +0 while its cache qdq keeps the sign;
     both are matched bit for bit.
     """
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32)
-    if not signed_zero:
-        table[8] = 0.0
+    table = constant(E2M1_VALUES if signed_zero else _E2M1_UNSIGNED, torch.float32, codes.device)
     return table[codes.long()]
 
 
@@ -237,18 +238,19 @@ def fp8_block_dequantize(
             f"fp8_block scale: shape {tuple(scale.shape)}, expected {want} for weight {(rows, cols)}"
         )
     col_scale = e8m0_to_float(scale).repeat_interleave(bc, dim=1)[:, :cols]
-    out = torch.empty((rows, cols), dtype=_out_dtype(dtype))
+    out = torch.empty((rows, cols), dtype=_out_dtype(dtype), device=w.device)
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
     for begin in range(0, rows, step):
         end = min(rows, begin + step)
-        out[begin:end] = w[begin:end].to(torch.float32) * col_scale[torch.arange(begin, end) // br]
+        block_rows = torch.arange(begin, end, device=w.device) // br
+        out[begin:end] = w[begin:end].to(torch.float32) * col_scale[block_rows]
     return out
 
 
 def _rows_dequantize(values: Tensor, scale: Tensor, group: int, name: str, dtype: torch.dtype) -> Tensor:
     """Row-chunked `decode(values)[r, c] * scale[r, c // group]`; FP4 rows are unpacked first."""
     rows, cols = values.shape[0], scale.shape[1] * group
-    out = torch.empty((rows, cols), dtype=_out_dtype(dtype))
+    out = torch.empty((rows, cols), dtype=_out_dtype(dtype), device=values.device)
     step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
     for begin in range(0, rows, step):
         chunk = values[begin : begin + step]

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.cache_format import fp8_g32_decode, mxfp4_g32_decode, nvfp4_g16_decode
-from dsgraph.platform.cpu.step_rows import locate_entries, per_row, real_rows, require_in_range
+from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
 NEG_INF = float("-inf")
 
@@ -28,7 +28,7 @@ def _sequence_entries(block_table: Tensor, pool: Tensor, seq: Tensor, real: Tens
     blocks = block_table.long()[seq]  # [T, nb]
     allocated = real.unsqueeze(1) & (blocks >= 0)
     bad = allocated & (blocks >= num_blocks)
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         t, column = (int(i) for i in bad.nonzero()[0])
         raise IndexError(
             f"index_scores: row {t} (sequence {int(seq[t])}) has block_table[{int(seq[t])}, {column}] = "
@@ -46,7 +46,7 @@ def index_scores(
     k = mxfp4_g32_decode(entries)  # [T, E, id]
     dots = invariant.matmul(q, k.transpose(1, 2))  # [T, ih, E]
     scores = (dots.relu() * w.float().unsqueeze(-1)).sum(dim=1)
-    entry = torch.arange(scores.shape[1])
+    entry = torch.arange(scores.shape[1], device=scores.device)
     visible = allocated & (entry.unsqueeze(0) < (positions.long().unsqueeze(1) + 1) // p.ratio)
     return torch.where(visible, scores, NEG_INF)
 
@@ -62,13 +62,18 @@ def candidate_mask(p: Any, scores: Tensor) -> Tensor:
     num_blocks = -(-width // p.block_size)
     padded = F.pad(scores, (0, num_blocks * p.block_size - width), value=NEG_INF)
     block_scores = padded.unflatten(1, (num_blocks, p.block_size)).amax(dim=-1)
-    entry = torch.arange(width)
-    newest = torch.where(visible, entry, -1).amax(dim=1) if width else torch.full((rows,), -1)
+    entry = torch.arange(width, device=scores.device)
+    newest = (
+        torch.where(visible, entry, -1).amax(dim=1)
+        if width
+        else torch.full((rows,), -1, device=scores.device)
+    )
     newest_block = torch.div(newest, p.block_size, rounding_mode="floor")
-    forced = (torch.arange(num_blocks).unsqueeze(0) == newest_block.unsqueeze(1)) & (newest >= 0).unsqueeze(1)
+    block_ids = torch.arange(num_blocks, device=scores.device)
+    forced = (block_ids.unsqueeze(0) == newest_block.unsqueeze(1)) & (newest >= 0).unsqueeze(1)
     block_scores = torch.where(forced, float("inf"), block_scores)
     best = _descending_order(block_scores)[:, : p.topk_blocks]
-    keep = torch.zeros(rows, num_blocks, dtype=torch.bool)
+    keep = torch.zeros(rows, num_blocks, dtype=torch.bool, device=scores.device)
     keep.scatter_(1, best, block_scores.gather(1, best) > NEG_INF)
     return keep.repeat_interleave(p.block_size, dim=1)[:, :width] & visible
 
@@ -101,13 +106,14 @@ def _swa_keys(
     `first` (seq_window_start) are not keys: the ring holds nothing of this request there.
     """
     rows = positions.shape[0]
-    back = torch.arange(window - 1, -1, -1)  # distance from the query position, oldest first
+    # distance from the query position, oldest first
+    back = torch.arange(window - 1, -1, -1, device=positions.device)
     pos = positions.long().unsqueeze(1) - back  # [T, window]
     valid = real.unsqueeze(1) & (pos >= 0) & (pos >= first.long().unsqueeze(1))
     in_chunk = pos >= start.unsqueeze(1)
-    chunk_row = (torch.arange(rows).unsqueeze(1) - back).clamp(0, max(rows - 1, 0))
+    chunk_row = (torch.arange(rows, device=positions.device).unsqueeze(1) - back).clamp(0, max(rows - 1, 0))
     wrong = valid & in_chunk & ((positions.long()[chunk_row] != pos) | (seq[chunk_row] != seq.unsqueeze(1)))
-    if bool(wrong.any()):
+    if checking() and bool(wrong.any()):
         t, j = (int(i) for i in wrong.nonzero()[0])
         raise ValueError(
             f"attention: row {t} needs position {int(pos[t, j])} of its chunk (seq_start {int(start[t])}) "
@@ -129,7 +135,7 @@ def _compressed_keys(
     row, column = valid.nonzero(as_tuple=True)
     entry = topk.long()[row, column]
     block = locate_entries("attention", block_table, seq[row], entry, row, block_size, num_blocks)
-    keys = torch.zeros(*topk.shape, pool.shape[2], dtype=torch.uint8)
+    keys = torch.zeros(*topk.shape, pool.shape[2], dtype=torch.uint8, device=pool.device)
     keys[row, column] = pool[block, entry % block_size]
     return torch.where(valid.unsqueeze(-1), nvfp4_g16_decode(keys), 0.0), valid
 

@@ -10,7 +10,7 @@ import torch
 from dsgraph.platform.cpu import invariant
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp8_block_dequantize, fp8_g32_qdq
-from dsgraph.platform.cpu.step_rows import rowwise_linear
+from dsgraph.platform.cpu.step_rows import checking, rowwise_linear
 
 Tensor = torch.Tensor
 
@@ -77,7 +77,7 @@ def slice_(p: Any, x: Tensor) -> Tensor:
 
 
 def gather_rows(_p: Any, table: Tensor, index: Tensor) -> Tensor:
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= table.shape[0]):
+    if checking() and index.numel() and (int(index.min()) < 0 or int(index.max()) >= table.shape[0]):
         bad = index[(index < 0) | (index >= table.shape[0])][0]
         raise IndexError(f"gather_rows: index {int(bad)} outside [0, {table.shape[0]})")
     return table[index.long()]

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from dsgraph.platform.cpu import invariant
-from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cpu.dtypes import constant, to_torch
 from dsgraph.platform.cpu.quant import fp8_rows_dequantize
+from dsgraph.platform.cpu.step_rows import checking
 
 Tensor = torch.Tensor
 
@@ -24,12 +25,12 @@ def _check_layout(positions: Tensor, seq_ids: Tensor, seq_start: Tensor, real: T
     """Real rows: a valid sequence, and positions at or after the sequence's chunk start."""
     num_seqs = seq_start.shape[0]
     bad = real & (seq_ids >= num_seqs)
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         t = int(bad.nonzero()[0])
         raise IndexError(f"engram_hash: row {t} has seq_id {int(seq_ids[t])}, outside [0, {num_seqs})")
     start = seq_start[seq_ids.clamp(0, max(num_seqs - 1, 0)).long()] if num_seqs else positions
     bad = real & (positions < start)
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         t = int(bad.nonzero()[0])
         raise ValueError(
             f"engram_hash: row {t} has position {int(positions[t])} before its sequence's chunk start "
@@ -45,7 +46,7 @@ def _shift_ids(
     start = seq_start[sid].long()
     source = positions.long() - shift
     in_chunk = source >= start
-    row = torch.arange(token_ids.shape[0]) - shift
+    row = torch.arange(token_ids.shape[0], device=token_ids.device) - shift
     # Rows of a sequence are contiguous and consecutive: position p - s of the chunk is row t - s.
     chunk_row = row.clamp_min(0)
     real = seq_ids >= 0
@@ -54,7 +55,7 @@ def _shift_ids(
         & in_chunk
         & ((row < 0) | (seq_ids[chunk_row] != seq_ids) | (positions[chunk_row].long() != source))
     )
-    if bool(mismatch.any()):
+    if checking() and bool(mismatch.any()):
         t = int(mismatch.nonzero()[0])
         raise ValueError(
             f"engram_hash: row {t} (seq {int(seq_ids[t])}, position {int(positions[t])}) expects position "
@@ -71,7 +72,7 @@ def _compress(
     """Compressed ids [T] of one shift, -1 where blocked (before 0, -1 lookback, image token)."""
     blocked = before_start | (raw < 0) | ((raw == p.image_token_id) if p.image_token_id >= 0 else False)
     bad = real & ~blocked & (raw >= token_map.shape[0])
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         t = int(bad.nonzero()[0])
         raise IndexError(
             f"engram_hash: row {t}, shift {shift}: token id {int(raw[t])} is outside the token map "
@@ -81,6 +82,8 @@ def _compress(
 
 
 def _check_token_map(p: Any, token_map: Tensor) -> None:
+    if not checking():
+        return
     if not token_map.numel():
         raise ValueError("engram_hash: token_map is empty")
     low, high = int(token_map.min()), int(token_map.max())
@@ -104,11 +107,11 @@ def engram_hash(
     real = seq_ids >= 0
     _check_layout(positions, seq_ids, seq_start, real)
     heads = len(p.primes[0])
-    out = torch.zeros((token_ids.shape[0], (p.max_ngram - 1) * heads), dtype=torch.int64)
-    if not bool(real.any()):
+    out = token_ids.new_zeros((token_ids.shape[0], (p.max_ngram - 1) * heads), dtype=torch.int64)
+    if checking() and not bool(real.any()):
         return out
-    blocked = torch.zeros(token_ids.shape, dtype=torch.bool)
-    rolling = torch.zeros(token_ids.shape, dtype=torch.int64)
+    blocked = token_ids.new_zeros(token_ids.shape, dtype=torch.bool)
+    rolling = token_ids.new_zeros(token_ids.shape, dtype=torch.int64)
     for shift in range(p.max_ngram):
         raw, before_start = _shift_ids(shift, token_ids, positions, seq_ids, seq_start, lookback)
         compressed = _compress(p, raw, before_start, token_map, real, shift)
@@ -117,15 +120,15 @@ def engram_hash(
         rolling = torch.bitwise_xor(rolling, product)
         if shift == 0:
             continue
-        primes = torch.tensor(p.primes[shift - 1], dtype=torch.int64)
-        offsets = torch.tensor(p.offsets[shift - 1], dtype=torch.int64)
+        primes = constant(tuple(p.primes[shift - 1]), torch.int64, token_ids.device)
+        offsets = constant(tuple(p.offsets[shift - 1]), torch.int64, token_ids.device)
         out[:, (shift - 1) * heads : shift * heads] = rolling[:, None] % primes + offsets
     return torch.where(real[:, None], out, 0)
 
 
 def gather_dequant_rows(p: Any, table: Tensor, scale: Tensor, rows: Tensor) -> Tensor:
     bad = (rows < 0) | (rows >= table.shape[0])
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
         raise IndexError(
             f"gather_dequant_rows: rows{list(where)} = {int(rows[where])} is outside the table "

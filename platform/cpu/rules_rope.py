@@ -19,19 +19,21 @@ from dsgraph.ops.rope import yarn_bounds
 from dsgraph.platform.cpu import invariant
 
 
-def rope_frequencies(p: Any) -> Tensor:
+def rope_frequencies(p: Any, device: torch.device | None = None) -> Tensor:
     """f32 [rope_dim / 2]: the angular frequency w_j of pair j, YaRN-corrected when yarn_factor > 1."""
-    exponents = torch.arange(0, p.rope_dim, 2, dtype=torch.float32) / p.rope_dim
+    exponents = torch.arange(0, p.rope_dim, 2, dtype=torch.float32, device=device) / p.rope_dim
     freqs = 1.0 / (p.theta**exponents)
     if p.yarn_factor > 1.0:
         lo, hi = yarn_bounds(p.rope_dim, p.theta, p.beta_fast, p.beta_slow, p.original_max)
-        ramp = ((torch.arange(p.rope_dim // 2, dtype=torch.float32) - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
+        ramp = (
+            (torch.arange(p.rope_dim // 2, dtype=torch.float32, device=device) - lo) / max(hi - lo, 1e-3)
+        ).clamp(0, 1)
         freqs = freqs / p.yarn_factor * ramp + freqs * (1 - ramp)
     return freqs
 
 
 def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
-    angles = positions.float().unsqueeze(-1) * rope_frequencies(p)  # [tokens, rope_dim / 2]
+    angles = positions.float().unsqueeze(-1) * rope_frequencies(p, positions.device)  # [tokens, rope_dim / 2]
     angles = angles.reshape(angles.shape[0], *([1] * (x.dim() - 2)), angles.shape[-1])  # broadcast over heads
     cos, sin = invariant.cos_sin(angles)
     if p.inverse:

@@ -1,18 +1,52 @@
 """Helpers of the cpu rules for the step layout (dsgraph.ops.cache): row -> sequence lookups, range
-checks whose errors name the row, sequence and entry, and a batch-invariant row-wise projection."""
+checks whose errors name the row, sequence and entry, and a batch-invariant row-wise projection.
+
+The checks read values on the host. `unchecked()` switches them off while a CUDA graph is captured
+(a host read cannot be captured); the eager warm-up before a capture runs them on its inputs."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["locate_entries", "per_row", "real_rows", "require_in_range", "require_unique", "rowwise_linear"]
+__all__ = [
+    "checking",
+    "unchecked",
+    "locate_entries",
+    "per_row",
+    "real_rows",
+    "require_in_range",
+    "require_unique",
+    "rowwise_linear",
+    "scatter_rows",
+]
+
+_CHECKING: ContextVar[bool] = ContextVar("dsgraph_rule_checks", default=True)
+
+
+def checking() -> bool:
+    """Whether rules run their host-side value checks (True except inside `unchecked()`)."""
+    return _CHECKING.get()
+
+
+@contextmanager
+def unchecked() -> Iterator[None]:
+    """Rules skip their value checks (no host reads) inside this block; results are unchanged."""
+    token = _CHECKING.set(False)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
 
 
 def real_rows(op: str, seq_ids: Tensor, num_seqs: int) -> tuple[Tensor, Tensor]:
     """(is_real [T] bool, seq [T] int64 with padding rows mapped to sequence 0, safe to index with)."""
     bad = (seq_ids < -1) | (seq_ids >= num_seqs)
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         t = int(bad.nonzero()[0, 0])
         raise IndexError(
             f"{op}: row {t} has seq_id {int(seq_ids[t])}, expected -1 (padding) or 0..{num_seqs - 1}"
@@ -33,14 +67,14 @@ def require_in_range(op: str, values: Tensor, upper: int, what: str, active: Ten
     bad = (values < 0) | (values >= upper)
     if active is not None:
         bad &= active
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise IndexError(f"{op}: {what}[{i}] is {int(values[i])}, expected 0..{upper - 1}")
 
 
 def require_unique(op: str, keys: Tensor, rows: Tensor, what: str) -> None:
     """`keys` (one int64 per written row, `rows` their row ids) must be distinct: one write per cache row."""
-    if keys.numel() < 2:
+    if keys.numel() < 2 or not checking():
         return
     order = torch.sort(keys, stable=True).indices
     sorted_keys = keys[order]
@@ -66,7 +100,7 @@ def locate_entries(
     inside = (entry >= 0) & (column < table_width)
     block = torch.where(inside, block_table[seq, column.clamp(0, max(table_width - 1, 0))].long(), -1)
     bad = (block < 0) | (block >= num_blocks)
-    if bool(bad.any()):
+    if checking() and bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         g, s = int(entry[i]), int(seq[i])
         why = (
@@ -89,3 +123,20 @@ def rowwise_linear(x: Tensor, w: Tensor) -> Tensor:
     rows = xf.reshape(-1, 1, xf.shape[-1])
     out = torch.bmm(rows, wf.t().unsqueeze(0).expand(rows.shape[0], -1, -1))
     return out.reshape(*lead, wf.shape[0])
+
+
+def scatter_rows(flat: Tensor, target: Tensor, values: Tensor, write: Tensor) -> None:
+    """`flat[target[t]] = values[t]` for the rows with `write[t]`, in place, with fixed shapes and no host
+    read (the form a CUDA graph can hold; the rules use it when unchecked). Rows that write nothing are
+    pointed at the first writing row's target with that row's value, or with no writer at all at row 0
+    with its current value: every duplicate index then carries the same bytes, so the scatter is
+    deterministic. Targets of writing rows must be distinct and in range (the checked path verifies it)."""
+    if target.shape[0] == 0:
+        return
+    first = write.int().argmax().view(1)  # the first writing row, or row 0
+    any_write = write.any()
+    fallback_target = torch.where(any_write, target.index_select(0, first), 0)
+    fallback_value = torch.where(any_write, values.index_select(0, first), flat[:1])
+    shape = (-1,) + (1,) * (values.dim() - 1)
+    rows = torch.where(write, target, fallback_target)
+    flat.index_copy_(0, rows, torch.where(write.view(shape), values, fallback_value))

@@ -1,0 +1,146 @@
+"""cuda rule of `attention` (dsgraph.ops.attention) over the Triton kernels of attention_tl.py.
+
+Same signature, dtype and shape as platform/cpu/rules_attention.py `attention`. Two launch paths with
+one arithmetic (see attention_tl.py): up to DECODE_MAX_ROWS rows the keys of a row are split over
+programs (rows x head blocks x splits, then a merge kernel), beyond it one program per (row, head block)
+runs every split itself. The split size is a constant, so a row's result never depends on the batch.
+
+Operand checks: unless checks are off (`step_rows.unchecked()`) or a CUDA graph is being captured, the
+rule raises the cpu rule's errors for bad seq_ids, ring slots, non-contiguous chunk rows and selected
+entries outside allocated blocks, at the cost of one host sync each. Unchecked, the kernels treat such
+keys as absent and keep every address inside its buffer: a bad step gives wrong values, not a fault.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dsgraph.platform.cpu import rules_attention
+from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
+
+BLOCK_H = 64  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
+BLOCK_N = 64  # keys per tile
+SPLIT_TILES = 2  # pool tiles per split (128 keys); split 0 holds the SWA tiles. Never from the batch.
+MERGE_H = 16  # heads per merge program (the merge is elementwise per head: any value gives the same bits)
+DECODE_MAX_ROWS = 64
+NUM_WARPS = 8
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_kernels(t: Tensor) -> bool:
+    """Triton runs on CUDA tensors, and on CPU tensors only under its interpreter; the rules give CPU
+    tensors to the cpu rule otherwise (the cuda platform then still runs on a machine without a GPU)."""
+    return t.is_cuda or interpreting()
+
+
+def dot_kind(dtype: torch.dtype) -> int:
+    """attention_tl.low_dot's DOT: 0 IEEE f32, 1 native bf16/f16, 2 bf16/f16 values widened (interpreter)."""
+    if dtype == torch.float32:
+        return 0
+    return 2 if interpreting() else 1
+
+
+def should_check(t: Tensor) -> bool:
+    """Host-side value checks run unless `step_rows.unchecked()` is active or a CUDA graph is captured."""
+    return checking() and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def _check_chunk_rows(
+    positions: Tensor, seq: Tensor, real: Tensor, start: Tensor, first: Tensor, window: int
+) -> None:
+    """Every SWA key a row takes from this chunk (pos >= seq_start) sits at row t - (p - pos)."""
+    rows = positions.shape[0]
+    back = torch.arange(window - 1, -1, -1, device=positions.device)
+    pos = positions.long().unsqueeze(1) - back
+    need = real.unsqueeze(1) & (pos >= 0) & (pos >= first.unsqueeze(1)) & (pos >= start.unsqueeze(1))
+    chunk_row = (torch.arange(rows, device=positions.device).unsqueeze(1) - back).clamp(0, max(rows - 1, 0))
+    wrong = need & ((positions.long()[chunk_row] != pos) | (seq[chunk_row] != seq.unsqueeze(1)))
+    if bool(wrong.any()):
+        t, j = (int(i) for i in wrong.nonzero()[0])
+        raise ValueError(
+            f"attention: row {t} needs position {int(pos[t, j])} of its chunk (seq_start {int(start[t])}) "
+            f"at row {t - window + 1 + j}, which holds another position or sequence; rows must be contiguous"
+        )
+
+
+def _check_operands(p: Any, ring: Tensor, operands: tuple[Tensor, ...]) -> None:
+    """The cpu rule's operand errors (one host sync each); skipped while capturing."""
+    positions, seq_ids, seq_slot, seq_start, seq_window_start = operands[:5]
+    real, seq = real_rows("attention", seq_ids, seq_slot.shape[0])
+    slot = per_row(seq_slot, seq, real)
+    require_in_range("attention", slot, ring.shape[0], "ring slot of row", active=real)
+    start, first = per_row(seq_start, seq, real), per_row(seq_window_start, seq, real)
+    _check_chunk_rows(positions, seq, real, start, first, p.window)
+    if len(operands) == 8:
+        pool, block_table, topk = operands[5:]
+        valid = real.unsqueeze(1) & (topk >= 0)
+        row, column = valid.nonzero(as_tuple=True)
+        entry = topk.long()[row, column]
+        locate_entries("attention", block_table, seq[row], entry, row, pool.shape[1], pool.shape[0])
+
+
+def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor) -> Tensor:
+    if not runs_kernels(q):
+        return rules_attention.attention(p, q, kv, ring, sink, *operands)
+    if should_check(q):
+        _check_operands(p, ring, operands)
+    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= DECODE_MAX_ROWS)
+
+
+def num_splits(p: Any, topk_width: int) -> int:
+    """Split 0 holds the SWA tiles, then ceil(pool tiles / SPLIT_TILES) splits of pool tiles."""
+    return 1 + -(-(-(-topk_width // BLOCK_N)) // SPLIT_TILES)
+
+
+def launch(
+    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, operands: tuple[Tensor, ...], split: bool
+) -> Tensor:
+    """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked."""
+    from dsgraph.platform.cuda.kernels import attention_tl as K
+
+    rows, heads, width = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if rows == 0:
+        return out
+    seq_ids, seq_slot = operands[1], operands[2]
+    has_pool = len(operands) == 8
+    pool, block_table, topk = operands[5:] if has_pool else (ring, seq_slot.view(1, -1), seq_ids.view(-1, 1))
+    topk_width = topk.shape[1] if has_pool else 0
+    splits = num_splits(p, topk_width) if has_pool else 1
+    block_h, block_c = min(BLOCK_H, max(16, _next_pow2(heads))), max(16, _next_pow2(width // 2))
+    tensors = (q.contiguous(), kv.contiguous(), ring.contiguous(), pool.contiguous())
+    step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
+    sizes = (rows, heads, ring.shape[1], pool.shape[0], pool.shape[1], block_table.shape[1], topk_width)
+    meta = dict(
+        NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
+        BLOCK_N=BLOCK_N, SPLIT_TILES=SPLIT_TILES, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
+    grid, scale_log2 = (rows, -(-heads // block_h)), float(p.softmax_scale) * math.log2(math.e)
+    if split:
+        m = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
+        lsum, acc = torch.empty_like(m), m.new_empty(rows, splits, heads, width)
+        K.split_kernel[(*grid, splits)](*tensors, *step, m, lsum, acc, *sizes, scale_log2, **meta)
+        merge_h = min(MERGE_H, max(16, _next_pow2(heads)))
+        K.merge_kernel[(rows, -(-heads // merge_h))](
+            m, lsum, acc, sink.contiguous(), out, heads,
+            NUM_SPLITS=splits, HEAD_DIM=width, BLOCK_H=merge_h, BLOCK_C=block_c, num_warps=4,
+        )  # fmt: skip
+    else:
+        K.fused_kernel[grid](*tensors, sink.contiguous(), *step, out, *sizes, scale_log2, **meta)
+    return out
+
+
+RULES: dict[str, Any] = {"attention": attention}

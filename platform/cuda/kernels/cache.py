@@ -1,0 +1,188 @@
+"""cuda rules of `swa_write`, `paged_write` and `compress` (dsgraph.ops.cache). The cache writes are
+Triton row copies into the cache operand, in place (the cuda platform's INPLACE contract: the rule
+writes operand 0 and returns it), with no host sync and no data-dependent shape, so a step that writes
+caches stays one CUDA graph.
+
+Checks (seq_ids, ring slots / entry placement, one write per cache row) raise the cpu rules' errors
+unless `step_rows.unchecked()` is active or a CUDA graph is being captured; unchecked, a row whose
+target is out of range writes nothing.
+
+`compress` (in place on its state operand for ratio 2): the projections through the cuda `linear` rule
+(dense weight, f32 output: IEEE f32 dots, fixed tiles), the pooling in torch as the cpu rule does it,
+and the state ring written by a Triton row copy; no host sync, no data-dependent shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dsgraph.ops.nn import LinearParams
+from dsgraph.platform.cpu import invariant, rules_cache
+from dsgraph.platform.cpu.step_rows import (
+    locate_entries,
+    per_row,
+    real_rows,
+    require_in_range,
+    require_unique,
+    rowwise_linear,
+)
+from dsgraph.platform.cuda.kernels.attention import runs_kernels, should_check
+
+NUM_WARPS = 4
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _require_contiguous(cache: Tensor, op: str, what: str) -> None:
+    """Written in place through its base pointer: a strided view would be written in the wrong places."""
+    if not cache.is_contiguous():
+        raise ValueError(f"{op}: {what} {tuple(cache.shape)} is not contiguous, expected a contiguous buffer")
+
+
+def _check_swa_write(
+    ring: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, seq_end: Tensor
+) -> None:
+    slots, ring_len = ring.shape[0], ring.shape[1]
+    real, seq = real_rows("swa_write", seq_ids, seq_slot.shape[0])
+    used = torch.zeros(seq_slot.shape[0], dtype=torch.bool, device=seq.device)
+    used[seq[real]] = True
+    require_in_range("swa_write", seq_slot, slots, "seq_slot", active=used)
+    keep = real & (positions.long() >= per_row(seq_end, seq, real) - ring_len)
+    rows = keep.nonzero().squeeze(1)
+    slot = per_row(seq_slot, seq, real)[rows]
+    require_unique("swa_write", slot * ring_len + positions.long()[rows] % ring_len, rows, "one ring row")
+
+
+def swa_write(
+    p: Any,
+    ring: Tensor,
+    entries: Tensor,
+    positions: Tensor,
+    seq_ids: Tensor,
+    seq_slot: Tensor,
+    seq_end: Tensor,
+) -> Tensor:
+    if not runs_kernels(entries):
+        return rules_cache.swa_write_into(p, ring, entries, positions, seq_ids, seq_slot, seq_end)
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    _require_contiguous(ring, "swa_write", "ring")
+    if should_check(entries):
+        _check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
+    rows, entry_bytes = entries.shape
+    if rows and seq_slot.shape[0]:
+        K.swa_write_kernel[(rows,)](
+            ring, entries.contiguous(), positions, seq_ids, seq_slot, seq_end, ring.shape[0], ring.shape[1],
+            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return ring
+
+
+def _check_paged_write(
+    pool: Tensor, entry_ids: Tensor, valid: Tensor, seq_ids: Tensor, block_table: Tensor
+) -> None:
+    num_blocks, block_size = pool.shape[0], pool.shape[1]
+    real, seq = real_rows("paged_write", seq_ids, block_table.shape[0])
+    rows = (valid & real).nonzero().squeeze(1)
+    entry = entry_ids.long()[rows]
+    block = locate_entries("paged_write", block_table, seq[rows], entry, rows, block_size, num_blocks)
+    require_unique("paged_write", block * block_size + entry % block_size, rows, "one pool row")
+
+
+def paged_write(
+    p: Any,
+    pool: Tensor,
+    entries: Tensor,
+    entry_ids: Tensor,
+    valid: Tensor,
+    seq_ids: Tensor,
+    block_table: Tensor,
+) -> Tensor:
+    if not runs_kernels(entries):
+        return rules_cache.paged_write_into(p, pool, entries, entry_ids, valid, seq_ids, block_table)
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    _require_contiguous(pool, "paged_write", "pool")
+    if should_check(entries):
+        _check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
+    rows, entry_bytes = entries.shape
+    if rows and block_table.shape[0]:
+        K.paged_write_kernel[(rows,)](
+            pool, entries.contiguous(), entry_ids, valid.contiguous().view(torch.uint8), seq_ids,
+            block_table.contiguous(), pool.shape[0], pool.shape[1], block_table.shape[1],
+            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return pool
+
+
+def _project(u: Tensor, w: Tensor) -> Tensor:
+    """`u [T, H] f32 . w [D, H]^T` in f32, batch invariant: the cuda linear kernel, else the cpu helper."""
+    try:
+        from dsgraph.platform.cuda.kernels.linear import linear
+    except ImportError:
+        return rowwise_linear(u, w)
+    return linear(LinearParams(weight_format="dense", act_quant="none", out_dtype="f32"), u, w)
+
+
+def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
+    used = torch.zeros(num_seqs, dtype=torch.bool, device=seq.device)
+    used[seq[real]] = True
+    return used
+
+
+def _write_state(
+    state: Tensor, kv: Tensor, gate: Tensor, positions: Tensor, real: Tensor, seq: Tensor, slot: Tensor,
+    num_seqs: int,
+) -> None:  # fmt: skip
+    """The cpu rule's ring update: each sequence's rows among the C newest positions of its chunk."""
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    ring_len, pos = state.shape[1], positions.long()
+    # Newest position per sequence without a boolean-mask index (that would read the mask on the host).
+    last = torch.full((max(num_seqs, 1),), -1, dtype=torch.long, device=pos.device)
+    last = last.scatter_reduce(0, seq, torch.where(real, pos, -1), "amax")
+    write = real & (pos > last[seq] - ring_len)
+    if should_check(kv):
+        rows = write.nonzero().squeeze(1)
+        index = slot[rows] * ring_len + pos[rows] % ring_len
+        require_unique("compress", index, rows, "one compressor state ring row")
+    width = kv.shape[1]
+    K.compress_state_kernel[(kv.shape[0],)](
+        state, kv.contiguous(), gate.contiguous(), write.view(torch.uint8), positions.contiguous(),
+        slot.to(torch.int32), state.shape[0], ring_len, WIDTH=width, BLOCK=_next_pow2(width),
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
+    u, wkv = operands[0], operands[1]
+    if not runs_kernels(u):
+        return rules_cache.compress_into(p, *operands)
+    positions, seq_ids, seq_slot, seq_start = operands[-4:]
+    real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
+    kv = _project(u, wkv)
+    if p.ratio == 1:
+        return torch.where(real.unsqueeze(1), kv, 0.0), real
+    wgate, state = operands[2], operands[3]
+    _require_contiguous(state, "compress", "state")
+    if should_check(u):
+        used = _used_seqs(seq, real, seq_slot.shape[0])
+        require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=used)
+    gate = _project(u, wgate)
+    closes = real & (positions % 2 == 1)
+    slot, start = per_row(seq_slot, seq, real), per_row(seq_start, seq, real)
+    first_kv, first_gate = rules_cache._first_token(kv, gate, state, positions, closes, start, slot, seq)
+    values = torch.stack((first_kv, kv), dim=1)
+    weights = invariant.softmax(torch.stack((first_gate, gate), dim=1), 1)
+    latent = torch.where(closes.unsqueeze(1), (values * weights).sum(dim=1), 0.0)
+    if kv.shape[0]:
+        _write_state(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
+    return latent, closes, state
+
+
+RULES: dict[str, Any] = {"swa_write": swa_write, "paged_write": paged_write, "compress": compress}

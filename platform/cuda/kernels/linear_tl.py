@@ -1,0 +1,156 @@
+"""The Triton kernel behind `linear` and `grouped_linear` (rules in linear.py, which imports this lazily).
+
+One program computes a [BLOCK_M, BLOCK_N] tile of group g: `out[m, g, n] = sum_k x[m, g, k] * W[g*N + n, k]`.
+K is walked in 32-column chunks, the size of both scale blocks (weight UE8M0 32x32, activation FP8-g32):
+each chunk is one tensor-core dot with a fresh FP32 accumulator, multiplied by its scales and added to
+the FP32 tile accumulator. Promoting every 32 columns also bounds the error of Hopper's FP8 tensor cores,
+whose internal accumulation keeps only ~14 mantissa bits. The K order is fixed, so a row's result
+depends only on that row and the weights (batch invariance): tile sizes never depend on M.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to
+
+# DOT_KIND: the operand type of the tensor-core dot.
+DOT_FP8 = 0  # x FP8-g32 quantized in the kernel, FP8 weights: E4M3 x E4M3
+DOT_NATIVE = 1  # x in bf16/f16, weight converted to x's dtype (E4M3 values are exact in both)
+DOT_F32 = 2  # FP32 operands, IEEE FMA products (f32 activations with dense or mixed-dtype weights)
+# f32 x against a weight whose values are exact in bf16 (FP8, FP4): x = hi + mid + lo exactly, three bf16
+# pieces of 8 significant bits each, so three bf16 tensor-core dots give exact products summed in FP32.
+DOT_SPLIT = 3
+DOT_SPLIT_F32 = 4  # the same pieces dotted as FP32 (Triton's interpreter, whose bf16 dot is broken)
+
+
+@triton.jit
+def _load_x_chunk(x_ptr, rows, cols, m_size, k_size, x_stride_m) -> tl.tensor:
+    mask = (rows[:, None] < m_size) & (cols[None, :] < k_size)
+    return tl.load(x_ptr + rows[:, None] * x_stride_m + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_w_chunk(w_ptr, w_rows, n_mask, cols, k_size) -> tl.tensor:
+    """W[w_rows, cols] as [32, BLOCK_N] (K-major, the dot's right operand)."""
+    mask = n_mask[None, :] & (cols[:, None] < k_size)
+    return tl.load(w_ptr + w_rows[None, :] * k_size + cols[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _split_dot(a, b, PIECE: tl.constexpr) -> tl.tensor:
+    a = a.to(tl.float32)
+    b = b.to(PIECE)
+    hi = a.to(tl.bfloat16)
+    rest = a - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    part = tl.dot(hi.to(PIECE), b, out_dtype=tl.float32)
+    part = tl.dot(mid.to(PIECE), b, part, out_dtype=tl.float32)
+    return tl.dot(lo.to(PIECE), b, part, out_dtype=tl.float32)
+
+
+@triton.jit
+def chunk_dot(a, b, DOT_KIND: tl.constexpr) -> tl.tensor:
+    """a [BM, 32] . b [32, BN] in FP32 (one fresh accumulator), the activation's FP8-g32 scale applied."""
+    if DOT_KIND == 0:
+        a, a_scale = fp8_g32_quantize(a.to(tl.float32))
+        part = tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None]
+    elif DOT_KIND == 1:
+        part = tl.dot(a, b.to(a.dtype), out_dtype=tl.float32)
+    elif DOT_KIND == 2:
+        part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif DOT_KIND == 3:
+        part = _split_dot(a, b, tl.bfloat16)
+    else:
+        part = _split_dot(a, b, tl.float32)
+    return part
+
+
+@triton.jit
+def linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    out_ptr,
+    m_size,
+    n_size,
+    x_stride_m,
+    x_stride_g,
+    out_stride_m,
+    out_stride_g,
+    s_stride,
+    K_SIZE: tl.constexpr,
+    DOT_KIND: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+) -> None:
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G). x [M, G, K] (unit stride along K), W [G*N, K],
+    scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along N)."""
+    pid_n, pid_m, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # int64 rows: a 64k-token prefill times a 32768-wide row passes 2^31 elements.
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < n_size
+    w_rows = g * n_size + n
+    x_base = x_ptr + g * x_stride_g
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K_SIZE, BLOCK_K):
+        for kk in tl.static_range(BLOCK_K // 32):
+            cols = k0 + kk * 32 + tl.arange(0, 32)
+            a = _load_x_chunk(x_base, rows, cols, m_size, K_SIZE, x_stride_m)
+            b = _load_w_chunk(w_ptr, w_rows, n_mask, cols, K_SIZE)
+            part = chunk_dot(a, b, DOT_KIND)
+            if HAS_SCALE:
+                # A chunk past K (K not a multiple of BLOCK_K) has a zero part; its scale must not be read:
+                # the byte past the last scale row may be 255 (NaN), and 0 * NaN is NaN.
+                chunk = (k0 + kk * 32) // 32
+                s_mask = n_mask & (k0 + kk * 32 < K_SIZE)
+                s = tl.load(s_ptr + (w_rows // 32) * s_stride + chunk, mask=s_mask, other=127)
+                part = part * e8m0_to_f32(s)[None, :]
+            acc += part
+    out = out_ptr + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
+    tl.store(
+        out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=(rows[:, None] < m_size) & n_mask[None, :]
+    )
+
+
+def launch(
+    x: Tensor,
+    w: Tensor,
+    scale: Tensor | None,
+    out: Tensor,
+    dot_kind: int,
+    tiles: tuple[int, int, int, int, int],
+) -> None:
+    """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N]; tiles = (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_warps, num_stages)."""
+    m_size, groups, k_size = x.shape
+    n_size = out.shape[2]
+    block_m, block_n, block_k, num_warps, num_stages = tiles
+    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups)
+    linear_kernel[grid](
+        x,
+        w,
+        scale if scale is not None else w,
+        out,
+        m_size,
+        n_size,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        scale.stride(0) if scale is not None else 0,
+        K_SIZE=k_size,
+        DOT_KIND=dot_kind,
+        HAS_SCALE=scale is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

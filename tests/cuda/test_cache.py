@@ -1,0 +1,150 @@
+"""The cuda `swa_write`, `paged_write` (Triton row copies) and `compress` rules (kernels/cache.py) against
+the cpu rules: the same bytes in the same cache rows, written in place, and the cpu rules' errors;
+compress's f32 results within 1e-5 (f32 dots in another order).
+
+On a CUDA machine the kernels run on the GPU; elsewhere under Triton's interpreter (TRITON_INTERPRET=1,
+set before triton is imported). Copies of bytes: results must be equal.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
+
+from dsgraph.platform.cpu import rules_cache  # noqa: E402
+from dsgraph.platform.cpu.step_rows import unchecked  # noqa: E402
+from dsgraph.platform.cuda.kernels import cache  # noqa: E402
+from tests.cuda.kernel_env import DEVICE, on_device  # noqa: E402
+
+I32 = torch.int32
+
+
+def _i32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=I32)
+
+
+def _bytes(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def _swa_operands() -> list[torch.Tensor]:
+    """Sequence 0: a 7-row chunk (positions 3..9) into a ring of 5 with seq_end 12 (as if rows 10, 11 were
+    elsewhere), so only 7..9 are written and the rows of 5, 6 keep their bytes; sequence 1: one row at
+    position 12; a padding row; sequence 2 owns no row and has a slot past the ring (never read)."""
+    ring = _bytes(3, 5, 33, seed=1)
+    entries = _bytes(9, 33, seed=2)
+    positions = _i32([3, 4, 5, 6, 7, 8, 9, 12, 0])
+    seq_ids = _i32([0] * 7 + [1, -1])
+    return [ring, entries, positions, seq_ids, _i32([2, 0, 7]), _i32([12, 13, 1])]
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_swa_write_writes_the_cpu_rule_bytes_in_place(checked: bool) -> None:
+    args = _swa_operands()
+    want = rules_cache.swa_write(None, *args)
+    ring = args[0].clone().to(DEVICE)
+    device_args = [a.to(DEVICE) for a in args[1:]]
+    if checked:
+        got = cache.swa_write(None, ring, *device_args)
+    else:
+        with unchecked():
+            got = cache.swa_write(None, ring, *device_args)
+    assert got is ring and torch.equal(got.cpu(), want)
+    assert not torch.equal(want, args[0]), "the step must change the ring"
+
+
+def test_swa_write_raises_the_cpu_rule_errors() -> None:
+    args = _swa_operands()
+    args[4] = _i32([2, 2, 7])  # sequences 0 and 1 share slot 2: positions 7 and 12 both hit row 2
+    for rule in (rules_cache.swa_write, cache.swa_write):
+        with pytest.raises(ValueError, match="rows 4 and 7 both write one ring row"):
+            rule(None, *[a.to(DEVICE) if rule is cache.swa_write else a for a in args])
+
+
+def _paged_operands() -> list[torch.Tensor]:
+    """Blocks of 4 entries; sequence 1's table has an unallocated block; row 3 is not valid (writes
+    nothing) and row 5 is padding."""
+    pool = _bytes(6, 4, 17, seed=3)
+    entries = _bytes(6, 17, seed=4)
+    entry_ids = _i32([0, 5, 6, 9, 2, 1])
+    valid = torch.tensor([True, True, True, False, True, True])
+    seq_ids = _i32([0, 0, 0, 1, 1, -1])
+    table = _i32([[4, 1, 3], [2, -1, 0]])
+    return [pool, entries, entry_ids, valid, seq_ids, table]
+
+
+@pytest.mark.parametrize("checked", [True, False])
+def test_paged_write_writes_the_cpu_rule_bytes_in_place(checked: bool) -> None:
+    args = _paged_operands()
+    want = rules_cache.paged_write(None, *args)
+    pool = args[0].clone().to(DEVICE)
+    device_args = [a.to(DEVICE) for a in args[1:]]
+    if checked:
+        got = cache.paged_write(None, pool, *device_args)
+    else:
+        with unchecked():
+            got = cache.paged_write(None, pool, *device_args)
+    assert got is pool and torch.equal(got.cpu(), want)
+    assert not torch.equal(want, args[0]), "the step must change the pool"
+
+
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [(5, "row 3 \\(sequence 1\\) needs entry 5, in block -1"), (2, "rows 3 and 4 both write one pool row")],
+)
+def test_paged_write_raises_the_cpu_rule_errors(entry: int, match: str) -> None:
+    args = _paged_operands()
+    args[2][3], args[3][3] = entry, True
+    for rule in (rules_cache.paged_write, cache.paged_write):
+        with pytest.raises((IndexError, ValueError), match=match):
+            rule(None, *[a.to(DEVICE) if rule is cache.paged_write else a for a in args])
+
+
+def test_unchecked_rows_with_out_of_range_targets_write_nothing() -> None:
+    args = _paged_operands()
+    args[2][0] = 12  # past sequence 0's table of 3 blocks of 4
+    pool = args[0].clone().to(DEVICE)
+    with unchecked():
+        got = cache.paged_write(None, pool, *[a.to(DEVICE) for a in args[1:]])
+    args[3][0] = False  # the cpu rule without the bad row
+    assert torch.equal(got.cpu(), rules_cache.paged_write(None, *args))
+
+
+def test_the_cuda_platform_runs_these_rules_in_place() -> None:
+    from dsgraph.platform.cuda.target import INPLACE, PLATFORM
+
+    for op in ("swa_write", "paged_write"):
+        assert PLATFORM.rules[op] is cache.RULES[op] and op in INPLACE, op
+
+
+def _compress_operands(ratio: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Sequence 0: a chunk at positions 3..7 (its first row closes a group with the state's position 2);
+    sequence 1: positions 0, 1; a padding row. State ring of 3 positions per slot."""
+    g = torch.Generator().manual_seed(ratio)
+    u = torch.randn(8, 64, generator=g)
+    wkv = (torch.randn(32, 64, generator=g) * 0.125).to(dtype)
+    step = [_i32([3, 4, 5, 6, 7, 0, 1, 0]), _i32([0] * 5 + [1, 1, -1]), _i32([2, 0]), _i32([3, 0])]
+    if ratio == 1:
+        return [u, wkv, *step]
+    wgate = (torch.randn(32, 64, generator=g) * 0.125).to(dtype)
+    return [u, wkv, wgate, torch.randn(3, 3, 2, 32, generator=g), *step]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_compress_matches_the_cpu_rule_and_updates_the_state_in_place(ratio: int, dtype: torch.dtype) -> None:
+    args = _compress_operands(ratio, dtype)
+    want = rules_cache.compress(SimpleNamespace(ratio=ratio), *args)
+    device_args = on_device(args)
+    got = cache.compress(SimpleNamespace(ratio=ratio), *device_args)
+    assert len(got) == len(want)
+    torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1].cpu(), want[1])
+    if ratio == 2:
+        assert got[2] is device_args[3]
+        torch.testing.assert_close(got[2].cpu(), want[2], rtol=1e-5, atol=1e-5)
+        assert not torch.equal(want[2], args[3]), "the step must change the state"

@@ -1,0 +1,220 @@
+"""The cuda `linear` / `grouped_linear` rules (Triton, platform/cuda/kernels/linear.py) against the cpu rules.
+
+On a CUDA machine the kernels run on the GPU; elsewhere under Triton's interpreter (TRITON_INTERPRET=1,
+set before triton is imported) on tiny shapes. The cpu reference always runs on CPU copies.
+
+Tolerance of one output element, from `abs_sum = |x'| @ |w'|^T` (x', w' the cpu rule's f32 GEMM operands)
+and the reference value r: `|y - r| <= ACC_TOL * abs_sum + eps(out_dtype) * |r|`. ACC_TOL is 2 k 2^-24,
+the bound of two FP32 summations of k terms in different orders (the products are exact on both sides:
+E4M3 x E4M3, bf16 x bf16, the interpreter's FP32 dots), plus on the GPU 2^-10 for E4M3 tensor-core dots
+(Hopper's FP8 tensor cores align products to ~14 bits within a 32-column chunk) and 2^-16 for bf16/f16
+dots. eps(out) covers one rounding step of the output cast (bf16 2^-7, f16 2^-10, f32 2^-23).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
+
+from dsgraph.platform.cpu import rules_core, rules_quant  # noqa: E402
+from dsgraph.platform.cpu.quant import fp8_block_quantize, fp8_g32_quantize  # noqa: E402
+from dsgraph.platform.cuda.kernels import linear as cuda_linear  # noqa: E402
+from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
+
+TORCH = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _params(weight_format: str, act_quant: str, out_dtype: str) -> Any:
+    return SimpleNamespace(weight_format=weight_format, act_quant=act_quant, out_dtype=out_dtype)
+
+
+def _weight(weight_format: str, rows: int, k: int, dtype: torch.dtype, gen: torch.Generator) -> tuple:
+    w = torch.randn(rows, k, generator=gen) * k**-0.5
+    if weight_format == "dense":
+        return (w.to(dtype),)
+    # Blocks of very different magnitudes exercise every scale byte.
+    w = (
+        w
+        * torch.exp2(torch.randint(-6, 7, (-(-rows // 32), 1), generator=gen)).repeat_interleave(32, 0)[:rows]
+    )
+    return fp8_block_quantize(w)
+
+
+def _acc_tol(p: Any, x_dtype: torch.dtype, w: torch.Tensor) -> float:
+    """The accumulation term of the tolerance (module docstring), per abs_sum."""
+    k = w.shape[1]
+    summation = 2 * k * 2.0**-24  # two FP32 sums of k terms in different orders: (k - 1) u sum|terms| each
+    if not ON_GPU:
+        return summation
+    if p.act_quant == "fp8_g32":
+        return 2.0**-10 + summation
+    if x_dtype in (torch.bfloat16, torch.float16) or p.weight_format != "dense":
+        return 2.0**-16 + summation  # bf16/f16 dots, or f32 x split into bf16 pieces
+    return summation
+
+
+def _check(p: Any, y: torch.Tensor, ref: torch.Tensor, abs_sum: torch.Tensor, acc_tol: float) -> None:
+    assert y.dtype == ref.dtype and y.shape == ref.shape, (y.dtype, y.shape, ref.dtype, ref.shape)
+    y, ref = y.cpu().float(), ref.float()
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+    bound = acc_tol * abs_sum + torch.finfo(TORCH[p.out_dtype]).eps * ref.abs()
+    excess = (y - ref).abs() - bound
+    worst = int(excess.argmax())
+    assert excess.max() <= 0, (
+        f"element {worst}: got {y.flatten()[worst]}, cpu rule {ref.flatten()[worst]}, "
+        f"bound {bound.flatten()[worst]}"
+    )
+
+
+def _compare_linear(p: Any, x: torch.Tensor, w: tuple) -> None:
+    ref = rules_core.linear(p, x, *w)
+    xf, wf = rules_core.linear_operands(p, x, *w)
+    abs_sum = xf.abs() @ wf.abs().t()
+    y = cuda_linear.linear(p, x.to(DEVICE), *(t.to(DEVICE) for t in w))
+    _check(p, y, ref, abs_sum, _acc_tol(p, x.dtype, w[0]))
+
+
+# (weight_format, act_quant, x dtype, out_dtype): the serving combinations first.
+CASES = [
+    ("fp8_block32", "fp8_g32", torch.bfloat16, "bf16"),
+    ("fp8_block32", "fp8_g32", torch.float32, "f32"),
+    ("fp8_block32", "fp8_g32", torch.bfloat16, "f32"),
+    ("fp8_block32", "none", torch.bfloat16, "bf16"),
+    ("fp8_block32", "none", torch.float32, "f32"),
+    ("fp8_block32", "none", torch.float16, "f16"),
+    ("dense", "none", torch.bfloat16, "f32"),
+    ("dense", "none", torch.float32, "f32"),
+    ("dense", "none", torch.float16, "bf16"),
+]
+# (M, N, K): one row; partial M/N/K tiles; N not a multiple of 32 (a partial scale block); two M tiles.
+TINY_SHAPES = [(1, 64, 64), (5, 96, 160), (3, 40, 288), (70, 130, 96)]
+# Real V4.1 widths (GPU only): wq_a, wkv, shared expert w1 and w2, wo_b, indexer wq_b.
+REAL_SHAPES = [(1280, 5120), (512, 5120), (2304, 5120), (5120, 2304), (5120, 8192), (4096, 1280)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[3]}")
+@pytest.mark.parametrize("shape", TINY_SHAPES, ids=str)
+def test_linear_matches_cpu_rule(case: tuple, shape: tuple[int, int, int]) -> None:
+    weight_format, act_quant, x_dtype, out_dtype = case
+    m, n, k = shape
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    if act_quant == "fp8_g32" and k % 32:
+        pytest.skip("fp8_g32 needs k % 32 == 0")
+    x = (torch.randn(m, k, generator=gen) * 3).to(x_dtype)
+    _compare_linear(
+        _params(weight_format, act_quant, out_dtype), x, _weight(weight_format, n, k, x_dtype, gen)
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 33])
+@pytest.mark.parametrize("nk", REAL_SHAPES, ids=str)
+@pytest.mark.parametrize("act", [("fp8_g32", torch.bfloat16), ("none", torch.float32)], ids=str)
+def test_linear_real_widths_on_gpu(rows: int, nk: tuple[int, int], act: tuple) -> None:
+    """Serving's FP8 linears; act_quant none with f32 x is wo_b after the wo_a output's FP8 qdq."""
+    gen = torch.Generator().manual_seed(rows + nk[0])
+    x = torch.randn(rows, nk[1], generator=gen).to(act[1])
+    w = _weight("fp8_block32", *nk, torch.bfloat16, gen)
+    _compare_linear(_params("fp8_block32", act[0], "bf16"), x, w)
+
+
+def test_linear_keeps_leading_dims() -> None:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 64, generator=gen).to(torch.bfloat16)
+    w = _weight("fp8_block32", 48, 64, torch.bfloat16, gen)
+    p = _params("fp8_block32", "fp8_g32", "f32")
+    y = cuda_linear.linear(p, x.to(DEVICE), *(t.to(DEVICE) for t in w))
+    assert y.shape == (2, 3, 48)
+    flat = cuda_linear.linear(p, x.reshape(6, 64).to(DEVICE), *(t.to(DEVICE) for t in w))
+    assert torch.equal(y.reshape(6, 48), flat)
+
+
+@pytest.mark.parametrize(
+    ("groups", "n", "k", "rows"), [(2, 32, 64, 3), (4, 24, 96, 5)] + ([(8, 1024, 4096, 9)] if ON_GPU else [])
+)
+@pytest.mark.parametrize("act_quant", ["fp8_g32", "none"])
+def test_grouped_linear_matches_cpu_rule(groups: int, n: int, k: int, rows: int, act_quant: str) -> None:
+    gen = torch.Generator().manual_seed(groups * n + k)
+    p = _params("fp8_block32", act_quant, "f32")
+    x = torch.randn(rows, groups, k, generator=gen).to(torch.bfloat16)
+    w = _weight("fp8_block32", groups * n, k, torch.bfloat16, gen)
+    ref = rules_quant.grouped_linear(p, x, *w)
+    xf, wf = rules_core.linear_operands(p, x, *w)
+    per_group = wf.reshape(groups, n, k).abs()
+    abs_sum = torch.einsum("tgk,gnk->tgn", xf.abs(), per_group)
+    y = cuda_linear.grouped_linear(p, x.to(DEVICE), *(t.to(DEVICE) for t in w))
+    _check(p, y, ref, abs_sum, _acc_tol(p, x.dtype, w[0]))
+
+
+@pytest.mark.parametrize("weight_format", ["fp8_block32", "dense"])
+def test_linear_rows_are_batch_invariant(weight_format: str) -> None:
+    """Each row's output bits are the same alone, in a batch of 7, 32 and 70 (two M tiles)."""
+    gen = torch.Generator().manual_seed(11)
+    k, n = 96, 160
+    act_quant = "fp8_g32" if weight_format != "dense" else "none"
+    p = _params(weight_format, act_quant, "f32")
+    x = (torch.randn(70, k, generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+    w = tuple(t.to(DEVICE) for t in _weight(weight_format, n, k, torch.bfloat16, gen))
+    full = cuda_linear.linear(p, x, *w)
+    for size in (1, 7, 32):
+        for start in (0, 70 - size):
+            part = cuda_linear.linear(p, x[start : start + size], *w)
+            assert torch.equal(part, full[start : start + size]), (size, start)
+
+
+def _quantize_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from dsgraph.platform.cuda.kernels import quant_tl
+
+    rows, width = x.shape
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(rows, width // 32, dtype=torch.float32, device=x.device)
+    quant_tl.fp8_g32_quantize_kernel[(-(-rows // 16), width // 32)](x, q, s, rows, width, BLOCK_M=16)
+    return q, s
+
+
+def test_activation_quantization_is_bit_exact() -> None:
+    """The in-kernel FP8-g32 codec gives the cpu codec's bytes, including its rounding boundaries."""
+    gen = torch.Generator().manual_seed(5)
+    groups = [
+        torch.randn(32, generator=gen) * 10.0 ** float(e) for e in range(-9, 10, 3)
+    ]  # scales from 2^-30 to 2^30
+    e4m3 = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    mid = (e4m3[1:] + e4m3[:-1]) / 2  # exact midpoints (ties to even), and one ulp either side
+    ties = torch.cat([mid, mid.nextafter(torch.tensor(0.0)), mid.nextafter(torch.tensor(1e9))])
+    ties = torch.cat([ties, -ties])
+    ties = torch.nn.functional.pad(ties, (0, -ties.numel() % 31)).reshape(-1, 31)
+    # 448 in each group makes the scale 1, so the values round at their own size.
+    groups += list(torch.cat([ties, torch.full((ties.shape[0], 1), 448.0)], dim=1))
+    groups += [torch.zeros(32), torch.full((32,), -0.0), torch.full((32,), 1e-30), torch.full((32,), 3e37)]
+    x = torch.stack(groups)
+    x[-4, 3] = -0.0
+    q, s = _quantize_kernel(x.to(DEVICE))
+    want_q, want_s = fp8_g32_quantize(x)
+    assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(s.cpu(), want_s)
+
+
+def test_linear_reads_no_scale_past_k() -> None:
+    """With BLOCK_K 128 and K = 96 the last K tile has an empty 32-column chunk: its scale byte (past the
+    last scale row) must not be read. Here that byte is 255, UE8M0's NaN, which 0 * NaN would spread."""
+    from dsgraph.platform.cuda.kernels import linear_tl
+
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(3, 1, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w, scale = _weight("fp8_block32", 64, 96, torch.bfloat16, gen)
+    padded = torch.full((scale.numel() + 8,), 255, dtype=torch.uint8)
+    padded[: scale.numel()] = scale.view(torch.uint8).flatten()
+    boxed = padded.to(DEVICE)[: scale.numel()].view(scale.shape)
+    out = torch.empty(3, 1, 64, device=DEVICE)
+    linear_tl.launch(x, w.to(DEVICE), boxed, out, linear_tl.DOT_FP8, (64, 128, 128, 4, 3))
+    p = _params("fp8_block32", "fp8_g32", "f32")
+    xc = x[:, 0].cpu()
+    xf, wf = rules_core.linear_operands(p, xc, w, scale)
+    _check(
+        p, out[:, 0], rules_core.linear(p, xc, w, scale), xf.abs() @ wf.abs().t(), _acc_tol(p, xc.dtype, w)
+    )
