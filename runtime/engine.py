@@ -1,8 +1,11 @@
 """The engine loop: C++ scheduler -> Session (model step) -> sampler -> scheduler update, one step
-per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs."""
+per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs. With
+DSpark speculative decoding on, the sampler step verifies drafts and the drafter runs before the update
+(runtime/spec_engine.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +23,10 @@ from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
-from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, model_inputs
+from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan, model_inputs
 from dsgraph.runtime.session import CacheSizes, Session, size_caches
+from dsgraph.runtime.spec_engine import SeqInfo, SpecDecoder, Verified
+from dsgraph.runtime.spec_setup import SpecSetup, check_spec_config, setup_spec
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,21 @@ class EngineConfig:
     # gives bit-for-bit the tokens of a cold run at the price of recomputing that many tokens per hit.
     enable_prefix_cache: bool = True
     prefix_replay: str = "window"
+    # DSpark speculative decoding (runtime/spec_engine.py). "auto": on when the checkpoint has DSpark
+    # stages and the platform is cuda (the cpu default stays fast), "dspark": on, "off". verify_schedule
+    # "confidence" plans each step's verified drafts from the confidence head and the throughput curve;
+    # "fixed" verifies draft_len (None: all) drafts per request. deterministic: every emitted token is the
+    # target's own seeded sample, so tokens do not depend on the batch or on how many drafts were
+    # verified. throughput_curve: (row counts, step ms) given explicitly; None profiles the session at
+    # start (cached under $XDG_CACHE_HOME/dsgraph/curves, corrected online from measured step times).
+    speculative: str = "auto"
+    verify_schedule: str = "confidence"
+    draft_len: int | None = None
+    deterministic: bool = False
+    throughput_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
+        check_spec_config(self)
         if self.prefix_replay not in ("window", "exact"):
             raise ValueError(f"prefix_replay: {self.prefix_replay!r}, expected 'window' or 'exact'")
         if self.numerics not in ("serving", "reference"):
@@ -73,6 +91,8 @@ class _Live:
     # request's first chunk is planned.
     num_cached_tokens: int | None = None
     error: str | None = None  # why the engine failed this request (finish is then "abort")
+    num_draft_tokens: int = 0  # drafts verified for this request
+    num_accepted_tokens: int = 0  # of those, accepted
 
     @property
     def text(self) -> str:
@@ -112,10 +132,17 @@ class Engine:
         token_map, _ = build_token_map(self.tokenizer)
         num = numerics_for(config.numerics)
         max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
-        self.model = build_model(cfg, token_map, num, default_geometry(cfg.text, max_len, config.page_size))
         weights = prepare_weights(cfg, load_checkpoint(root, cfg, progress=False), num, token_map)
+        spec = SpecSetup.resolve(config, cfg, weights, platform="cpu")
+        geo = default_geometry(cfg.text, max_len, config.page_size)
+        self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
         sizes = self._cache_sizes()
         self.session = Session(self.model, weights, sizes)
+        self.sampler = Sampler(cfg.text.vocab_size)
+        self.spec: SpecDecoder | None = None
+        curve = None
+        if spec.enabled:
+            self.spec, curve = setup_spec(spec, self, weights)
         self.scheduler = Scheduler(
             SchedulerConfig.for_model(
                 self.model,
@@ -125,9 +152,10 @@ class Engine:
                 num_slots=sizes.num_slots,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 enable_prefix_cache=config.enable_prefix_cache,
-            )
+                **spec.scheduler_fields(),
+            ),
+            curve,
         )
-        self.sampler = Sampler(cfg.text.vocab_size)
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
@@ -195,6 +223,11 @@ class Engine:
         it has `after_tokens` tokens; servers use it to test that one failing request is isolated."""
         self._faults[rid] = after_tokens
 
+    def spec_stats(self) -> dict[str, object] | None:
+        """Speculative decoding statistics since the start (per-position acceptance, mean accepted length,
+        confidence calibration; `runtime/csrc/spec_stats.h`), or None with drafting off."""
+        return None if self.spec is None else self.spec.scheduler.snapshot()
+
     def prefix_cache_stats(self) -> tuple[int, int]:
         """(prompt tokens looked up, prompt tokens served from the prefix cache) since the start."""
         n = self.scheduler.native
@@ -253,29 +286,72 @@ class Engine:
             self._skip(plan)  # their callers know already (as for aborts in a plan that runs)
             return []
         self._count_cached(plan)
-        rids = [int(r) for r in plan.sample_rids]
-        live = [self.live.get(r, _RELEASED) for r in rids]  # a released abort may sit in the plan
         try:
+            start = time.perf_counter()
             logits = self._run(plan)
-            positions = torch.from_numpy(np.array(plan.positions))[
-                torch.from_numpy(np.array(plan.sample_rows)).long()
-            ]
-            s = self.sampler.sample(
-                logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1
-            )
-            s = _force(s, logits, live)
+            if self.spec is None:
+                s, num_emitted, drafts = self._sample(plan, logits), None, None
+            else:
+                forward_ms = (time.perf_counter() - start) * 1e3
+                s, num_emitted, drafts = self._verify_and_draft(plan, logits, forward_ms)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
-        events, self._plan = self.scheduler.advance(s.tokens.numpy())
-        by_rid = {e.rid: e for e in events}
+        events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
+        rows = _emitted_rows(plan, num_emitted)
         out = []
-        for i, rid in enumerate(rids):
-            if rid in self.live and self.live[rid].finish is None:
-                try:
-                    out.append(self._commit(i, rid, s, by_rid.get(rid)))
-                except Exception as exc:  # one request's post-processing failed: only it ends
-                    out.append(self._fail(rid, exc))
+        for e in events:
+            if e.token < 0 or e.rid not in self.live or self.live[e.rid].finish is not None:
+                continue  # aborts (already known to their callers), released or stopped requests
+            try:
+                out.append(self._commit(rows[e.rid].pop(0), e.rid, s, e))
+            except Exception as exc:  # one request's post-processing failed: only it ends
+                out.append(self._fail(e.rid, exc))
         return out
+
+    def _sample(self, plan, logits: torch.Tensor) -> Samples:  # type: ignore[no-untyped-def]
+        # a released abort may sit in the plan
+        live = [self.live.get(int(r), _RELEASED) for r in plan.sample_rids]
+        rows = torch.from_numpy(np.array(plan.sample_rows)).long()
+        positions = torch.from_numpy(np.array(plan.positions))[rows]
+        s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
+        return _force(s, logits, live)
+
+    def _verify_and_draft(
+        self, plan: StepPlan, logits: torch.Tensor, forward_ms: float
+    ) -> tuple[Samples, np.ndarray, tuple[np.ndarray, ...]]:
+        """Verify the plan's drafts, record the statistics, draft for continuing requests; the measured
+        forward time corrects the throughput curve (a step larger than the curve is not a sample of it)."""
+        assert self.spec is not None
+        seqs = [self._seq_info(int(rid)) for rid in plan.seq_rids[: plan.num_seqs]]
+        v: Verified = self.spec.verify(plan, logits, seqs)
+        curve = self.spec.scheduler.curve
+        if curve is not None and plan.num_tokens <= curve.largest:
+            curve.observe(plan.num_tokens, forward_ms)
+        for rid, verified, accepted in self.spec.record(plan, v, self.spec.confidence):
+            if rid in self.live:
+                self.live[rid].num_draft_tokens += verified
+                self.live[rid].num_accepted_tokens += accepted
+        return v.samples, v.num_emitted, self.spec.draft(plan, v, seqs)
+
+    def _seq_info(self, rid: int) -> SeqInfo | None:
+        live = self.live.get(rid)
+        if live is None or live.finish is not None:
+            return None
+        golden = live.params.golden_token_ids
+        forced = golden[len(live.tokens)] if len(live.tokens) < len(golden) else None
+        return SeqInfo(rid, live.params, live.seed, forced, lambda new: self._continues(live, new))
+
+    def _continues(self, live: _Live, new: list[int]) -> bool:
+        """Whether a request goes on after emitting `new` (the scheduler decides; this only spares the
+        drafter the requests that surely stop)."""
+        p = live.params
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else {self.cfg.eos_token_id})
+        total = len(live.prompt) + len(live.tokens) + len(new)
+        return (
+            not stops & set(new)
+            and len(live.tokens) + len(new) < p.max_tokens
+            and total < self.model.geo.max_model_len
+        )
 
     def _count_cached(self, plan) -> None:  # type: ignore[no-untyped-def]
         """Per-request prefix-cache hits, read off the plan: a hit of h tokens admits the request at
@@ -359,6 +435,16 @@ class Engine:
         text = full[live.emitted : max(end, live.emitted)]
         live.emitted = max(end, live.emitted)
         return text
+
+
+def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:
+    """Per request, the sample rows whose tokens it emits, in order (the first num_emitted rows of its
+    sequence; one per sampling sequence without num_emitted)."""
+    out: dict[int, list[int]] = {}
+    for k, (a, n) in enumerate(zip(plan.verify_start.tolist(), plan.verify_len.tolist(), strict=True)):
+        m = min(n, 1) if num_emitted is None else int(num_emitted[k])
+        out.setdefault(int(plan.seq_rids[k]), []).extend(range(a, a + m))
+    return out
 
 
 def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> Samples:

@@ -83,6 +83,8 @@ class LLM:
                     live.finish,
                     tuple(live.logprobs) if want_lp else None,
                     tuple(tuple(t) for t in live.top) if req.params.top_logprobs else None,
+                    num_draft_tokens=live.num_draft_tokens,
+                    num_accepted_tokens=live.num_accepted_tokens,
                 )
             )
         prompt_lp = None

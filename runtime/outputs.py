@@ -35,6 +35,10 @@ class CompletionOutput:
     logprobs: tuple[float, ...] | None = None
     top_logprobs: TopLogprobs | None = None
     stop_reason: str | int | None = None
+    # Speculative decoding: drafts verified for this sequence and how many of them were accepted (each
+    # accepted draft is an extra token emitted by one target step); 0 with drafting off.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:

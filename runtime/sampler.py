@@ -1,9 +1,12 @@
-"""The sampling step: one lowered `sample` program per (rows, top-logprobs) shape, fed per-row params."""
+"""The sampling step: one lowered `sample` program per (rows, top-logprobs) shape, fed per-row params;
+and the verification of a speculative step (`spec_verify`, exact rejection sampling, ops/spec_sampling.py),
+one program per (rows, sequences) shape."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,12 +36,68 @@ class Sampler:
             name="sample",
         )
         self.programs: dict[int, Program] = {}
+        row = (TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32"))
+        self.verify_graph = make_graph(
+            self._verify_fn,
+            TensorType(("outs", vocab_size), "f32"),
+            TensorType(("outs",), "i32"),
+            TensorType(("outs", vocab_size), "f32"),
+            *row,
+            TensorType(("seqs",), "i32"),
+            TensorType(("seqs",), "i32"),
+            name="spec_verify",
+        )
+        self.verify_programs: dict[tuple[int, int], Program] = {}
 
     def _fn(self, logits, temperature, top_p, top_k, min_p, seed, position):  # type: ignore[no-untyped-def]
         token, logprob, top_lp, top_ids = op.sample(
             logits, temperature, top_p, top_k, min_p, seed, position, num_top_logprobs=self.k
         )
         return {"token": token, "logprob": logprob, "top_logprobs": top_lp, "top_ids": top_ids}
+
+    def _verify_fn(self, *operands: Any) -> dict[str, Any]:
+        """Operands in `spec_verify` order (logits, draft, draft_logprobs, row params, starts, lengths)."""
+        num_accepted, token, logprob = op.spec_verify(*operands)
+        return {"num_accepted": num_accepted, "token": token, "logprob": logprob}
+
+    @staticmethod
+    def _rows(params: Sequence[SamplingParams], seeds: Sequence[int]) -> list[torch.Tensor]:
+        rows = [p.op_row() for p in params]
+        return [
+            torch.tensor([r[0] for r in rows], dtype=torch.float32),
+            torch.tensor([r[1] for r in rows], dtype=torch.float32),
+            torch.tensor([r[2] for r in rows], dtype=torch.int32),
+            torch.tensor([r[3] for r in rows], dtype=torch.float32),
+            torch.tensor(list(seeds), dtype=torch.int64),
+        ]
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        draft_logprobs: torch.Tensor,
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        positions: torch.Tensor,
+        verify_start: torch.Tensor,
+        verify_len: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`spec_verify` over the sample rows: (num_accepted [seqs], token [outs], logprob [outs]); row i
+        holds the draft of the next row (`draft_tokens[i]`, drawn from `draft_logprobs[i]`), is decided
+        with params[i], seeds[i] at positions[i]; sequence s owns rows verify_start[s] + 0..len-1."""
+        n, seqs = logits.shape[0], verify_start.shape[0]
+        if (n, seqs) not in self.verify_programs:
+            graph = specialize(self.verify_graph, {"outs": n, "seqs": seqs})
+            self.verify_programs[(n, seqs)] = lower(graph, "cpu")
+        args = [
+            logits.float(),
+            draft_tokens.to(torch.int32),
+            draft_logprobs.float(),
+            *self._rows(params, seeds),
+        ]
+        args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
+        out = run_program(self.verify_programs[(n, seqs)], args)
+        return out["num_accepted"], out["token"], out["logprob"]
 
     def sample(
         self,
@@ -48,16 +107,7 @@ class Sampler:
         positions: torch.Tensor,
     ) -> Samples:
         """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i]."""
-        rows = [p.op_row() for p in params]
-        args = [
-            logits.float(),
-            torch.tensor([r[0] for r in rows], dtype=torch.float32),
-            torch.tensor([r[1] for r in rows], dtype=torch.float32),
-            torch.tensor([r[2] for r in rows], dtype=torch.int32),
-            torch.tensor([r[3] for r in rows], dtype=torch.float32),
-            torch.tensor(list(seeds), dtype=torch.int64),
-            positions.to(torch.int32),
-        ]
+        args = [logits.float(), *self._rows(params, seeds), positions.to(torch.int32)]
         n = logits.shape[0]
         if n not in self.programs:
             self.programs[n] = lower(specialize(self.graph, {"outs": n}), "cpu")

@@ -5,6 +5,13 @@ prefill chunks of waiting requests in FCFS order within `max_num_batched_tokens`
 commits the step. Policies (preemption victim, prefix-cache replay, finish reasons) are documented in
 `runtime/csrc/scheduler.h`. This module adds the config dataclass, argument conversion and the
 mapping from a `StepPlan` to the model's step inputs (`models/deepseek_v41/step_io.py`).
+
+Speculative decoding (`verify_mode` "confidence" or "fixed"): a commit may hand the scheduler each
+sampling sequence's next drafts and their confidences; the next plan then gives a decoding request the
+rows [newest token, d_0 .. d_{k-1}], k chosen inside the same native call by the confidence planner
+(`runtime/spec_schedule.py`) or the fixed length, and `StepPlan.verify_start` / `verify_len` say which
+sample rows belong to which sequence (the `spec_verify` layout). The commit then takes the tokens each
+sequence emitted (`num_emitted`).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 
 from dsgraph.runtime import _native
-from dsgraph.runtime._native import Allocation, EngineType, StepPlan
+from dsgraph.runtime._native import Allocation, EngineType, StepPlan, ThroughputCurve, VerifyMode
 
 if TYPE_CHECKING:
     from dsgraph.models.deepseek_v41.model import V41Model
@@ -29,13 +36,17 @@ __all__ = [
     "SchedulerConfig",
     "StepEvent",
     "StepPlan",
+    "VerifyMode",
     "default_buckets",
     "model_inputs",
     "replay_tokens",
 ]
 
 ReplayMode = Literal["window", "exact"]
+VerifyName = Literal["off", "confidence", "fixed"]
 INT32_MAX = 2**31 - 1
+DEFAULT_NEXTN = 5  # DSpark's block size: drafts per request
+_VERIFY_MODES = {"off": VerifyMode.OFF, "confidence": VerifyMode.CONFIDENCE, "fixed": VerifyMode.FIXED}
 
 
 def replay_tokens(mode: ReplayMode | int, *, window: int, num_layers: int) -> int:
@@ -80,6 +91,17 @@ class SchedulerConfig:
     vocab_size: int = 0  # 0: token ids are only checked to be >= 0
     enable_prefix_cache: bool = True
     replay_tokens: int = 0
+    # Speculative decoding: "off", "confidence" (needs a throughput curve) or "fixed" (draft_len per
+    # request); nextn drafts at most per request (the model's ROLLBACK_ROOM - 1 bounds it).
+    verify_mode: VerifyName = "off"
+    nextn: int = DEFAULT_NEXTN
+    draft_len: int | None = None  # None: nextn
+
+    def __post_init__(self) -> None:
+        if self.verify_mode not in _VERIFY_MODES:
+            raise ValueError(
+                f"SchedulerConfig.verify_mode = {self.verify_mode!r}; expected one of {sorted(_VERIFY_MODES)}"
+            )
 
     @classmethod
     def for_model(
@@ -91,7 +113,15 @@ class SchedulerConfig:
         **kw: object,
     ) -> SchedulerConfig:
         """Cache layout, lookback, vocabulary and replay length from `model`; other fields from `kw`."""
-        from dsgraph.models.deepseek_v41.step_io import ratios
+        from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
+
+        nextn = kw.get("nextn", DEFAULT_NEXTN)
+        in_room = isinstance(nextn, int) and 1 <= nextn <= ROLLBACK_ROOM - 1
+        if kw.get("verify_mode", "off") != "off" and not in_room:
+            # verify rows write positions a..a+nextn; the caches roll back ROLLBACK_ROOM entries at most
+            raise ValueError(
+                f"SchedulerConfig.nextn = {nextn}; expected 1..{ROLLBACK_ROOM - 1} (ROLLBACK_ROOM - 1)"
+            )
 
         text, geo = model.cfg.text, model.geo
         rs = ratios(model.plans)
@@ -124,6 +154,9 @@ class SchedulerConfig:
         c.vocab_size = self.vocab_size
         c.enable_prefix_cache = self.enable_prefix_cache
         c.replay_tokens = self.replay_tokens
+        c.verify_mode = _VERIFY_MODES[self.verify_mode]
+        c.nextn = self.nextn
+        c.draft_len = self.nextn if self.draft_len is None else self.draft_len
         return c
 
 
@@ -155,12 +188,35 @@ def as_tokens(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+DraftsArg = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+
+
+def commit_arrays(
+    sampled: Sequence[int] | np.ndarray,
+    num_emitted: Sequence[int] | np.ndarray | None,
+    drafts: DraftsArg | None,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The native commit's arrays. `drafts` = (tokens [seqs, nextn], lengths [seqs], confidences
+    [seqs, nextn] or None), one row per sequence of the committed plan."""
+    emitted = None if num_emitted is None else as_tokens(num_emitted, "num_emitted")
+    if drafts is None:
+        return as_tokens(sampled, "sampled"), emitted, None, None, None
+    tokens, lengths, conf = drafts
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    if tokens.ndim != 2:
+        raise ValueError(f"drafts: expected a [seqs, nextn] array, got shape {tokens.shape}")
+    c = None if conf is None else np.ascontiguousarray(conf, dtype=np.float64)
+    return as_tokens(sampled, "sampled"), emitted, tokens, as_tokens(lengths, "draft_lengths"), c
+
+
 class Scheduler:
     """Continuous-batching scheduler over the C++ core; one `schedule()` and one `update()` per step."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, curve: ThroughputCurve | None = None) -> None:
+        """`curve`: the confidence planner's throughput curve, shared with the caller (its `observe`
+        corrections reach the planner); required with verify_mode "confidence"."""
         self.config = config
-        self.native = _native.Scheduler(config.to_native())
+        self.native = _native.Scheduler(config.to_native(), curve)
 
     def add_request(
         self,
@@ -203,13 +259,30 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         return self.native.schedule()
 
-    def update(self, sampled: Sequence[int] | np.ndarray) -> list[StepEvent]:
-        return [StepEvent(*e) for e in self.native.update(as_tokens(sampled, "sampled"))]
+    def update(
+        self,
+        sampled: Sequence[int] | np.ndarray,
+        num_emitted: Sequence[int] | np.ndarray | None = None,
+        drafts: DraftsArg | None = None,
+    ) -> list[StepEvent]:
+        """Commit the step: `sampled` one token per sample row; `num_emitted` per plan sequence (None:
+        one per sampling sequence); `drafts` the next drafts (see `commit_arrays`). One event per
+        emitted token."""
+        args = commit_arrays(sampled, num_emitted, drafts)
+        return [StepEvent(*e) for e in self.native.update(*args)]
 
-    def advance(self, sampled: Sequence[int] | np.ndarray) -> tuple[list[StepEvent], StepPlan]:
-        """`update(sampled)` then `schedule()` in one native call: the engine's one crossing per step."""
-        events, plan = self.native.advance(as_tokens(sampled, "sampled"))
+    def advance(
+        self,
+        sampled: Sequence[int] | np.ndarray,
+        num_emitted: Sequence[int] | np.ndarray | None = None,
+        drafts: DraftsArg | None = None,
+    ) -> tuple[list[StepEvent], StepPlan]:
+        """`update(...)` then `schedule()` in one native call: the engine's one crossing per step."""
+        events, plan = self.native.advance(*commit_arrays(sampled, num_emitted, drafts))
         return [StepEvent(*e) for e in events], plan
+
+    def drafts_of(self, rid: int) -> list[int]:
+        return list(self.native.drafts_of(rid))
 
     def handoff(self, rid: int) -> Allocation:
         return self.native.handoff(rid)

@@ -34,6 +34,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument(
+        "--speculative",
+        choices=["auto", "dspark", "off"],
+        default="auto",
+        help="DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)",
+    )
+    p.add_argument("--verify-schedule", choices=["confidence", "fixed"], default="confidence")
+    p.add_argument("--draft-len", type=int, default=None, help="fixed schedule: drafts verified per request")
+    p.add_argument(
+        "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
+    )
     p.set_defaults(func=main)
 
 
@@ -66,6 +77,10 @@ def main(args: argparse.Namespace) -> int:
             numerics=args.numerics,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
+            speculative=args.speculative,
+            verify_schedule=args.verify_schedule,
+            draft_len=args.draft_len,
+            deterministic=args.deterministic,
         )
         params.validate(llm.engine.cfg.text.vocab_size)
     except (RequestError, ValueError) as exc:
@@ -97,4 +112,21 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"prefix cache: {hit} of {looked_up} prompt tokens served from cache ({hit / max(looked_up, 1):.0%})"
     )
+    _print_spec_stats(llm.engine.spec_stats())
     return 0 if all(f.error is None for f in finals.values()) else 2
+
+
+def _print_spec_stats(stats: dict[str, object] | None) -> None:
+    """One line of DSpark statistics (nothing with drafting off)."""
+    if stats is None:
+        return
+
+    def fmt(x: object) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    positions = " ".join(fmt(r) for r in stats["position_accept_rate"])  # type: ignore[attr-defined]
+    print(
+        f"speculative ({stats['mode']}): {stats['accepted_tokens']} of {stats['verified_tokens']} drafts "
+        f"accepted (rate {fmt(stats['accept_rate'])}, per position {positions}), mean accepted length "
+        f"{fmt(stats['mean_accepted_len'])}, confidence calibration error {fmt(stats['calibration_ece'])}"
+    )

@@ -104,7 +104,9 @@ def _dense(f: Forward, x: Tracer, name: str) -> Tracer:
     return op.linear(f.cast(x, w.dtype), w, out_dtype="f32")
 
 
-def _heads(f: Forward, h: Tracer, confidence_input: ConfidenceInput) -> dict[str, Tracer]:
+def _heads(
+    f: Forward, h: Tracer, confidence_input: ConfidenceInput, stream: int = DRAFT_STREAM
+) -> dict[str, Tracer]:
     """The sequential Markov head and the confidence head over the collapsed last-stage state h [T, H].
 
     Returns [seqs, 1, *] pieces per slot, concatenated by the caller; `base`/`logits` only with debug."""
@@ -120,7 +122,7 @@ def _heads(f: Forward, h: Tracer, confidence_input: ConfidenceInput) -> dict[str
         e_k = op.gather_rows(f.w(last + "markov_head.embed.weight"), prev)  # [seqs, rank]
         logits = base + _dense(f, e_k, last + "markov_head.head.weight")
         position = _slot(f, s["positions"], k) + 1  # slot k drafts the token of position a+k+1
-        token = op.sample(logits, *params, s["seed"], position, stream=DRAFT_STREAM)[0]
+        token = op.sample(logits, *params, s["seed"], position, stream=stream)[0]
         state = h_k if confidence_input == "pre_norm" else normed
         joined = op.concat(f.cast(state, "f32"), f.cast(e_k, "f32"), axis=1)
         confidence = op.sigmoid(_dense(f, joined, last + "confidence_head.proj.weight"))  # [seqs, 1]
@@ -144,11 +146,14 @@ def trace_draft(
     name: str = "v41_draft",
     debug: bool = False,
     confidence_input: ConfidenceInput = "pre_norm",
+    stream: int = DRAFT_STREAM,
 ) -> Graph:
     """The draft graph: inputs `weights.*` (`dspark_context.is_draft_weight`), `caches.dspark.ring{s}`,
     `step.*` (dspark_io.draft_types); outputs `draft_tokens` [seqs, K] i32, `draft_logprobs`
     [seqs, K, V] f32 and `confidence` [seqs, K] f32. With `debug`, also `debug.base_logits` (U_k) and
-    `debug.draft_logits` (Markov-corrected) [seqs, K, V] f32 and `debug.kv_pre.{stage index}` [T, hd]."""
+    `debug.draft_logits` (Markov-corrected) [seqs, K, V] f32 and `debug.kv_pre.{stage index}` [T, hd].
+    `stream`: the draws' counter stream; the runtime's deterministic mode passes 0, the target's own
+    `sample` stream, so a draft equals the target's draw wherever the two distributions agree."""
     if confidence_input not in ("pre_norm", "post_norm"):
         raise ValueError(
             f"trace_draft: confidence_input {confidence_input!r} is not 'pre_norm' or 'post_norm'"
@@ -160,7 +165,7 @@ def trace_draft(
         x, a = embed(f), None
         for k, plan in enumerate(draft_plans(text)):
             x, a = _stage(f, plan, k, x, a)
-        heads = _heads(f, op.hc_collapse(x, a, out_dtype=model.num.act_dtype), confidence_input)
+        heads = _heads(f, op.hc_collapse(x, a, out_dtype=model.num.act_dtype), confidence_input, stream)
         k = text.dspark_block_size
         out = {
             "draft_tokens": heads["tokens"],

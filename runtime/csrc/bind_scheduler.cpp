@@ -3,6 +3,7 @@
 // ratios by value.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -21,6 +22,35 @@ namespace {
 
 using namespace nb::literals;
 using Event = std::tuple<int64_t, int32_t, bool, std::optional<std::string>>;
+using DraftsIn = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using ConfIn = nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Optional arrays of a commit (None: not given). The spans point into the caller's arrays, which the
+// arguments keep alive for the whole call.
+struct CommitArgs {
+    TokensIn sampled;
+    std::optional<TokensIn> num_emitted;
+    std::optional<DraftsIn> drafts;
+    std::optional<TokensIn> draft_lengths;
+    std::optional<ConfIn> confidence;
+
+    StepCommit view() const {
+        StepCommit c{span_of(sampled), {}, {}, {}, {}};
+        if (num_emitted) {
+            c.num_emitted = span_of(*num_emitted);
+        }
+        if (drafts) {
+            c.drafts = {drafts->data(), drafts->shape(0) * drafts->shape(1)};
+        }
+        if (draft_lengths) {
+            c.draft_lengths = span_of(*draft_lengths);
+        }
+        if (confidence) {
+            c.confidence = {confidence->data(), confidence->shape(0) * confidence->shape(1)};
+        }
+        return c;
+    }
+};
 
 size_t ratio_index(const Scheduler &s, int32_t ratio) {
     const std::vector<int32_t> &ratios = s.config().ratios;
@@ -48,25 +78,35 @@ std::vector<Event> to_events(std::vector<StepEvent> &events) {
     return out;
 }
 
-std::vector<Event> update(Scheduler &s, const TokensIn &sampled) {
+std::vector<Event> update(Scheduler &s, const CommitArgs &args) {
     std::vector<StepEvent> events;
     {
         nb::gil_scoped_release release;
-        events = s.update(span_of(sampled));
+        events = s.update(args.view());
     }
     return to_events(events);
 }
 
-// The engine's one crossing per step: commit the step that ran, then plan the next one.
-std::pair<std::vector<Event>, StepPlan> advance(Scheduler &s, const TokensIn &sampled) {
+// The engine's one crossing per step: commit the step that ran (emitted tokens and the next drafts),
+// then plan the next one (the verification planner runs inside schedule()).
+std::pair<std::vector<Event>, StepPlan> advance(Scheduler &s, const CommitArgs &args) {
     std::vector<StepEvent> events;
     StepPlan plan;
     {
         nb::gil_scoped_release release;
-        events = s.update(span_of(sampled));
+        events = s.update(args.view());
         plan = s.schedule();
     }
     return {to_events(events), std::move(plan)};
+}
+
+template <typename F>
+auto with_commit(F f) {
+    return [f](Scheduler &s, const TokensIn &sampled, std::optional<TokensIn> num_emitted,
+               std::optional<DraftsIn> drafts, std::optional<TokensIn> draft_lengths,
+               std::optional<ConfIn> confidence) {
+        return f(s, CommitArgs{sampled, num_emitted, drafts, draft_lengths, confidence});
+    };
 }
 
 void bind_config(nb::module_ &m) {
@@ -75,6 +115,12 @@ void bind_config(nb::module_ &m) {
         .value("NORMAL", EngineType::kNormal)
         .value("PROMPT", EngineType::kPrompt)
         .value("COMPLETION", EngineType::kCompletion);
+    nb::enum_<VerifyMode>(m, "VerifyMode",
+                          "OFF: no drafts; CONFIDENCE: the confidence planner chooses the verified drafts; "
+                          "FIXED: min(draft_len, drafts held) per request.")
+        .value("OFF", VerifyMode::kOff)
+        .value("CONFIDENCE", VerifyMode::kConfidence)
+        .value("FIXED", VerifyMode::kFixed);
     nb::class_<SchedulerConfig>(m, "SchedulerConfig", "Scheduler settings; runtime/scheduler.py builds it.")
         .def(nb::init<>())
         .def_rw("engine_type", &SchedulerConfig::engine_type)
@@ -89,7 +135,10 @@ void bind_config(nb::module_ &m) {
         .def_rw("lookback_len", &SchedulerConfig::lookback_len)
         .def_rw("vocab_size", &SchedulerConfig::vocab_size)
         .def_rw("enable_prefix_cache", &SchedulerConfig::enable_prefix_cache)
-        .def_rw("replay_tokens", &SchedulerConfig::replay_tokens);
+        .def_rw("replay_tokens", &SchedulerConfig::replay_tokens)
+        .def_rw("verify_mode", &SchedulerConfig::verify_mode)
+        .def_rw("nextn", &SchedulerConfig::nextn)
+        .def_rw("draft_len", &SchedulerConfig::draft_len);
     nb::class_<Allocation>(m, "Allocation",
                            "A request's state slot and pages, holding its first num_cached tokens.")
         .def_ro("rid", &Allocation::rid)
@@ -131,12 +180,19 @@ void bind_requests(nb::class_<Scheduler> &c) {
              "Preempt a request holding a slot now (recompute later).")
         .def("schedule", &Scheduler::schedule, nb::call_guard<nb::gil_scoped_release>(),
              "Plan the next step (one call per step, then update()).")
-        .def(
-            "update", &update, "sampled"_a.noconvert(),
-            "Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per "
-            "sampled row, after pending aborts (token -1).")
-        .def("advance", &advance, "sampled"_a.noconvert(),
-             "update(sampled) then schedule() in one call: (events of the committed step, the next plan).")
+        .def("update", with_commit(&update), "sampled"_a.noconvert(),
+             "num_emitted"_a.noconvert() = nb::none(),
+             "drafts"_a.noconvert() = nb::none(), "draft_lengths"_a.noconvert() = nb::none(),
+             "confidence"_a.noconvert() = nb::none(),
+             "Commit the step: int32 sampled [sample rows]; optional int32 num_emitted [seqs] (default one "
+             "per sampling sequence), the next drafts int32 [seqs, nextn] with int32 draft_lengths [seqs] "
+             "and float64 confidence [seqs, nextn]. Returns (rid, token, finished, reason) per emitted "
+             "token, after pending aborts (token -1). ValueError names the bad entry; nothing changes then.")
+        .def("advance", with_commit(&advance), "sampled"_a.noconvert(),
+             "num_emitted"_a.noconvert() = nb::none(), "drafts"_a.noconvert() = nb::none(),
+             "draft_lengths"_a.noconvert() = nb::none(), "confidence"_a.noconvert() = nb::none(),
+             "update(...) then schedule() in one call: (events of the committed step, the next plan).")
+        .def("drafts_of", &Scheduler::drafts_of, "rid"_a, "The drafts a request holds now.")
         .def("allocation", &Scheduler::allocation, "rid"_a)
         .def("handoff", &Scheduler::handoff, "rid"_a,
              "A PROMPT engine's finished request: its slot and pages.")
@@ -191,7 +247,10 @@ void bind_scheduler(nb::module_ &m) {
     bind_config(m);
     nb::class_<Scheduler> c(m, "Scheduler",
                             "Continuous-batching step scheduler (see runtime/csrc/scheduler.h).");
-    c.def(nb::init<SchedulerConfig>(), "config"_a).def_prop_ro("config", &Scheduler::config);
+    c.def(nb::init<SchedulerConfig, std::shared_ptr<ThroughputCurve>>(), "config"_a, "curve"_a = nb::none(),
+          "curve: the confidence planner's throughput curve, shared (observe() on it corrects the planner); "
+          "required when config.verify_mode is CONFIDENCE.")
+        .def_prop_ro("config", &Scheduler::config);
     bind_requests(c);
     bind_stats(c);
 }

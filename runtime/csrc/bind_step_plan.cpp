@@ -54,7 +54,8 @@ void bind_step_plan(nb::module_ &m) {
         .def_ro("step", &StepPlan::step, "1 for a scheduler's first plan.")
         .def_ro("bucket", &StepPlan::bucket, "Padded row count; 0 for an empty plan (nothing to run).")
         .def_ro("num_tokens", &StepPlan::num_tokens, "Real rows: the leading rows of every row array.")
-        .def_ro("num_decode", &StepPlan::num_decode, "Leading sequences that are single decode rows.")
+        .def_ro("num_decode", &StepPlan::num_decode,
+                "Leading sequences that decode (one row, or a verify sequence's 1 + k rows).")
         .def_prop_ro("num_seqs", &StepPlan::num_seqs)
         .def_ro("ratios", &StepPlan::ratios, "Ratios with a block table, ascending.")
         .def_prop_ro("token_ids", row_view<&StepPlan::token_ids>(), "[bucket] int32; padding rows 0.")
@@ -73,6 +74,16 @@ void bind_step_plan(nb::module_ &m) {
         .def_prop_ro("seq_rids", row_view<&StepPlan::seq_rids>(), "[seqs] int64 request ids.")
         .def_prop_ro("sample_rows", row_view<&StepPlan::sample_rows>(), "[outs] int32 rows to sample.")
         .def_prop_ro("sample_rids", row_view<&StepPlan::sample_rids>(), "[outs] int64 their request ids.")
+        .def_prop_ro("verify_start", row_view<&StepPlan::verify_start>(),
+                     "[seqs] int32 first sample row (index into sample_rows) of each sequence.")
+        .def_prop_ro("verify_len", row_view<&StepPlan::verify_len>(),
+                     "[seqs] int32 sample rows of each sequence: 0 (a chunk that samples nothing), 1, or 1 + "
+                     "the drafts it verifies.")
+        .def_ro("num_verify_drafts", &StepPlan::num_verify_drafts, "Drafts verified in this step.")
+        .def_ro("expected_tokens", &StepPlan::expected_tokens,
+                "The planner's expected tokens emitted by the decode sequences (0 with drafting off).")
+        .def_ro("predicted_ms", &StepPlan::predicted_ms,
+                "The curve's predicted step time for the planner's choice (0 without a curve).")
         .def_prop_ro("preempted", row_view<&StepPlan::preempted>(),
                      "int64 ids of requests preempted while planning this step.")
         .def_prop_ro(

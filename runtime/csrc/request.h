@@ -35,11 +35,21 @@ struct Request {
     Chains chain;                             // per ratio: keys of the prompt's full pages
     std::vector<int32_t> num_settled;         // per ratio: leading pages already offered to the cache
     bool handed_off = false;                  // PROMPT engine: done, caches held for hand-off
+    // Speculative decoding: the drafter's guesses for the tokens after the newest one, and the confidence
+    // head's conditional acceptance probability of each (empty when not given). Replaced by every commit
+    // that emits tokens, cleared when the request gives its caches up (preemption).
+    std::vector<int32_t> drafts;
+    std::vector<double> confidence;
 
     bool admitted() const { return slot >= 0; }
     int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
     int32_t num_outputs() const { return num_tokens() - prompt_len; }
     // Admitted and every token but the newest is cached: the next row is a decode row.
+    // Token at position p: a committed token, or the (p - num_tokens)-th draft.
+    int32_t token_at(int32_t p) const {
+        const int32_t n = num_tokens();
+        return p < n ? tokens[static_cast<size_t>(p)] : drafts[static_cast<size_t>(p - n)];
+    }
     bool decoding() const { return admitted() && num_computed == num_tokens() - 1 && num_outputs() > 0; }
 };
 

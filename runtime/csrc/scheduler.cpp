@@ -22,12 +22,18 @@ int32_t lcm_of(const std::vector<int32_t> &ratios) {
 
 }  // namespace
 
-Scheduler::Scheduler(SchedulerConfig config)
+Scheduler::Scheduler(SchedulerConfig config, std::shared_ptr<ThroughputCurve> curve)
     // Validated before any member is built from it, so errors name config fields.
     : config_((validate_config(config), std::move(config))),
+      curve_(std::move(curve)),
       buckets_(config_.buckets),
       slots_(config_.num_slots),
-      cache_(config_.page_size, config_.ratios, config_.num_pages) {}
+      cache_(config_.page_size, config_.ratios, config_.num_pages) {
+    if (config_.verify_mode == VerifyMode::kConfidence && curve_ == nullptr) {
+        throw std::invalid_argument(
+            "Scheduler: SchedulerConfig.verify_mode = CONFIDENCE needs a throughput curve; got none");
+    }
+}
 
 bool Scheduler::admit(Request &r) {
     const std::optional<int32_t> slot = slots_.allocate();
@@ -88,6 +94,9 @@ void Scheduler::unadmit(Request &r) {
     r.window_start = 0;
     r.admitted_at = 0;
     r.num_settled.clear();
+    // The caches are given up: the next admission recomputes and samples the newest token again.
+    r.drafts.clear();
+    r.confidence.clear();
 }
 
 int32_t Scheduler::reachable_end(const Request &r, int32_t want) const {
@@ -219,20 +228,30 @@ StepPlan Scheduler::schedule() {
     if (config_.engine_type != EngineType::kPrompt) {
         plan_decodes(chunks, budget);
     }
-    const int32_t num_decode = static_cast<int32_t>(chunks.size());
+    const size_t num_decode = chunks.size();
     if (config_.engine_type != EngineType::kCompletion) {
         plan_prefills(chunks, budget);
     }
+    VerifyPlan verify;
+    if (config_.verify_mode != VerifyMode::kOff) {
+        const int64_t prefill_rows =
+            config_.max_num_batched_tokens - budget - static_cast<int64_t>(num_decode);
+        verify = plan_drafts(chunks, num_decode, budget, prefill_rows);
+    }
     StepPlan plan = build_plan(chunks, config_, buckets_);
     plan.step = step_;
-    plan.num_decode = num_decode;
+    plan.num_decode = static_cast<int32_t>(num_decode);
+    plan.expected_tokens = verify.expected_tokens;
+    plan.predicted_ms = verify.step_ms;
     for (const Request *r : preempted_) {
         plan.preempted.push_back(r->rid);
     }
     requeue_preempted();
     in_flight_.clear();
-    for (const Chunk &c : chunks) {
-        in_flight_.push_back({c.request->rid, c.request->serial, c.end, c.sample});
+    for (size_t s = 0; s < chunks.size(); ++s) {
+        const Chunk &c = chunks[s];
+        in_flight_.push_back(
+            {c.request->rid, c.request->serial, c.end, c.sample, c.drafts, plan.verify_start[s]});
     }
     has_plan_ = true;
     return plan;

@@ -31,6 +31,18 @@
 // That start is the request's seq_window_start in every later plan: its slot's
 // ring holds no key of it below there, so attention must not read one.
 //
+// Speculative decoding (verify_mode CONFIDENCE or FIXED): a commit may store
+// drafts (and confidences) per sequence for the tokens after the newest one. A
+// decoding request holding drafts is planned as the rows [newest token, d_0 ..
+// d_{k-1}] at positions a..a+k; every one of them is sampled (verify_start /
+// verify_len). k is chosen after the prefill chunks, from the budget they
+// leave: the confidence planner (spec_schedule.h plan_verification, other_rows
+// = the step's prefill rows) or fixed mode, each request capped by its pages
+// (drafts never preempt), max_tokens and max_model_len. The commit of a verify
+// sequence takes 1..k+1 emitted tokens (the accepted drafts then the target's
+// token), stops at the first stop condition (the rest is discarded), keeps
+// the cache entries of the emitted prefix only and returns the pages past it.
+//
 // Finish reasons: "stop" (eos unless ignore_eos, or a stop token), "length"
 // (max_tokens outputs, or max_model_len tokens), "abort" (abort(), or a
 // COMPLETION victim), and "prefilled" (PROMPT engine: the prompt is done; the
@@ -51,6 +63,8 @@
 #include "request.h"
 #include "scheduler_config.h"
 #include "slot_pool.h"
+#include "spec_curve.h"
+#include "spec_schedule.h"
 #include "step_plan.h"
 
 namespace dsgraph {
@@ -60,6 +74,23 @@ struct StepEvent {
     int32_t token;  // -1 when no token comes with the event (abort)
     bool finished;
     std::string reason;  // empty unless finished
+};
+
+// What a step's commit carries. sampled: one token per sample row of the plan
+// (rows a sequence does not emit are ignored). num_emitted: per plan sequence,
+// the tokens it emits: 0 for a chunk that samples nothing, 1..verify_len for
+// the others (the first num_emitted of its sample rows; all but the last must
+// equal the drafts in those rows); empty: 1 per sampling sequence. drafts
+// [seqs, nextn] row-major with draft_lengths [seqs] (0..nextn) and optional
+// confidence [seqs, nextn] (conditional probabilities in [0, 1]; required in
+// CONFIDENCE mode when a sequence holds drafts): each sampling sequence's
+// drafts for the tokens after its new newest token; empty: none.
+struct StepCommit {
+    std::span<const int32_t> sampled;
+    std::span<const int32_t> num_emitted;
+    std::span<const int32_t> drafts;
+    std::span<const int32_t> draft_lengths;
+    std::span<const double> confidence;
 };
 
 // Where a request's caches live: its state slot and pages per ratio, holding
@@ -74,7 +105,10 @@ struct Allocation {
 
 class Scheduler {
 public:
-    explicit Scheduler(SchedulerConfig config);
+    // curve: the throughput curve of the confidence planner (required in
+    // CONFIDENCE mode; FIXED mode uses it, when given, to cap the step's rows).
+    // Shared so that the caller's online corrections (observe) reach the planner.
+    explicit Scheduler(SchedulerConfig config, std::shared_ptr<ThroughputCurve> curve = nullptr);
     Scheduler(const Scheduler &) = delete;  // requests point into each other's queues
     Scheduler &operator=(const Scheduler &) = delete;
 
@@ -102,6 +136,10 @@ public:
     // Commits the planned step with one sampled token per sample row, in plan
     // order. Returns one event per sampled row (plus pending abort events).
     std::vector<StepEvent> update(std::span<const int32_t> sampled);
+    // Commits the planned step with emitted tokens per sequence and the next
+    // drafts (StepCommit). Validates everything before changing anything; the
+    // events are one per emitted token, in plan order.
+    std::vector<StepEvent> update(const StepCommit &commit);
 
     Allocation allocation(int64_t rid) const;  // slot and pages held now; throws for an unknown rid
     Allocation handoff(int64_t rid) const;     // a PROMPT engine's finished request
@@ -116,6 +154,9 @@ public:
     int64_t num_preemptions() const { return num_preemptions_; }
     int64_t num_replayed_tokens() const { return num_replayed_; }
     const SlotPool &slots() const { return slots_; }
+    const ThroughputCurve *curve() const { return curve_.get(); }
+    // Drafts a request holds now (tests and the engine's bookkeeping).
+    std::vector<int32_t> drafts_of(int64_t rid) const;
     const PrefixCache &cache() const { return cache_; }
 
 private:
@@ -124,6 +165,8 @@ private:
         uint64_t serial;
         int32_t end;
         bool sample;
+        int32_t drafts;     // verify rows holding drafts
+        int32_t first_row;  // its first sample row
     };
 
     Request &create(int64_t rid, std::span<const int32_t> prompt, std::span<const int32_t> output,
@@ -141,13 +184,20 @@ private:
     void requeue_preempted();
     void plan_decodes(std::vector<Chunk> &chunks, int32_t &budget);
     void plan_prefills(std::vector<Chunk> &chunks, int32_t &budget);
+    VerifyPlan plan_drafts(std::vector<Chunk> &chunks, size_t num_decode, int32_t budget, int64_t other_rows);
+    int32_t draft_cap(const Request &r) const;
+    VerifyPlan choose_drafts(const DraftConfidences &d, int32_t budget, int64_t other_rows) const;
+    void check_commit(const StepCommit &c) const;
+    void check_next_drafts(const StepCommit &c) const;
+    void store_drafts(Request &r, const StepCommit &c, size_t seq);
+    void trim_pages(Request &r);
     void settle_pages(Request &r);
     std::string stop_reason(const Request &r) const;
-    void commit(const Planned &p, std::span<const int32_t> sampled, size_t &next,
-                std::vector<StepEvent> &out);
-    void check_sampled(std::span<const int32_t> sampled) const;
+    void commit(const Planned &p, const StepCommit &c, size_t seq, std::vector<StepEvent> &out);
+    int32_t emitted_by(const StepCommit &c, size_t seq) const;
 
     SchedulerConfig config_;
+    std::shared_ptr<ThroughputCurve> curve_;
     BucketTable buckets_;
     SlotPool slots_;
     PrefixCache cache_;

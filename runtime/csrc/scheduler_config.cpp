@@ -5,6 +5,8 @@
 namespace dsgraph {
 namespace {
 
+constexpr int32_t kMaxNextn = 64;  // a sanity bound; the model's rollback room is the real one
+
 void require_positive(const char *field, int64_t value) {
     if (value <= 0) {
         throw std::invalid_argument(std::string("SchedulerConfig.") + field + " = " + std::to_string(value) +
@@ -40,6 +42,21 @@ void check_buckets(const SchedulerConfig &c) {
     }
 }
 
+void check_verify(const SchedulerConfig &c) {
+    if (c.verify_mode == VerifyMode::kOff) {
+        return;
+    }
+    if (c.nextn < 1 || c.nextn > kMaxNextn) {
+        throw std::invalid_argument("SchedulerConfig.nextn = " + std::to_string(c.nextn) +
+                                    " is outside 1.." + std::to_string(kMaxNextn) + " (verify_mode " +
+                                    verify_mode_name(c.verify_mode) + ")");
+    }
+    if (c.draft_len < 0 || c.draft_len > c.nextn) {
+        throw std::invalid_argument("SchedulerConfig.draft_len = " + std::to_string(c.draft_len) +
+                                    " is outside 0..nextn = " + std::to_string(c.nextn));
+    }
+}
+
 }  // namespace
 
 void validate_config(const SchedulerConfig &c) {
@@ -70,6 +87,7 @@ void validate_config(const SchedulerConfig &c) {
     }
     check_pages(c);
     check_buckets(c);
+    check_verify(c);
 }
 
 int32_t pages_needed(int64_t tokens, int32_t ratio, int32_t page_size) {
@@ -91,6 +109,18 @@ std::string engine_type_name(EngineType type) {
             return "PROMPT";
         case EngineType::kCompletion:
             return "COMPLETION";
+    }
+    return "?";
+}
+
+std::string verify_mode_name(VerifyMode mode) {
+    switch (mode) {
+        case VerifyMode::kOff:
+            return "OFF";
+        case VerifyMode::kConfidence:
+            return "CONFIDENCE";
+        case VerifyMode::kFixed:
+            return "FIXED";
     }
     return "?";
 }

@@ -15,6 +15,13 @@ enum class EngineType {
     kCompletion,  // decode only: requests arrive with caches filled elsewhere (add_prefilled)
 };
 
+// How decode steps verify the drafts requests hold (speculative decoding).
+enum class VerifyMode {
+    kOff,         // requests hold no drafts: one decode row each
+    kConfidence,  // the confidence planner chooses the drafts (needs a throughput curve)
+    kFixed,       // every request verifies min(draft_len, drafts held)
+};
+
 struct SchedulerConfig {
     EngineType engine_type = EngineType::kNormal;
     int32_t max_num_seqs = 8;              // requests holding a state slot at once (and sequences per step)
@@ -32,6 +39,11 @@ struct SchedulerConfig {
     // cached (spec 5.6 item 1): the sliding window for the bounded approximation,
     // window * num_layers for a result equal to a cold run.
     int32_t replay_tokens = 0;
+    VerifyMode verify_mode = VerifyMode::kOff;
+    // Drafts a request may hold; its verify rows write positions a..a+nextn, so nextn must stay below
+    // the model's rollback room (models/deepseek_v41/step_io.py ROLLBACK_ROOM; Python checks it).
+    int32_t nextn = 5;
+    int32_t draft_len = 5;  // kFixed: drafts verified per request (0..nextn)
 };
 
 // Throws std::invalid_argument naming the first bad field, its value and the
@@ -47,5 +59,6 @@ int32_t pages_per_seq(const SchedulerConfig &config, int32_t ratio);
 int32_t pages_needed(int64_t tokens, int32_t ratio, int32_t page_size);
 
 std::string engine_type_name(EngineType type);
+std::string verify_mode_name(VerifyMode mode);
 
 }  // namespace dsgraph

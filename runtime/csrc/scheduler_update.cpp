@@ -2,6 +2,7 @@
 // tokens, checks stop conditions and offers full prompt pages to the prefix
 // cache. Also the read-only views of requests (allocation, hand-off).
 #include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -9,30 +10,15 @@
 
 namespace dsgraph {
 
-void Scheduler::check_sampled(std::span<const int32_t> sampled) const {
-    const size_t expected = static_cast<size_t>(
-        std::count_if(in_flight_.begin(), in_flight_.end(), [](const Planned &p) { return p.sample; }));
-    if (sampled.size() != expected) {
-        throw std::invalid_argument("Scheduler.update: sampled has " + std::to_string(sampled.size()) +
-                                    " tokens; expected " + std::to_string(expected) +
-                                    " (one per sample row of step " + std::to_string(step_) + ")");
-    }
-    const int32_t vocab = config_.vocab_size;
-    for (size_t i = 0; i < sampled.size(); ++i) {
-        if (sampled[i] < 0 || (vocab > 0 && sampled[i] >= vocab)) {
-            // Never dropped silently: a bad id means the sampler or the caller is broken.
-            throw std::invalid_argument(
-                "Scheduler.update: sampled[" + std::to_string(i) + "] = " + std::to_string(sampled[i]) +
-                " is not a token id; expected 0 <= id" + (vocab > 0 ? " < " + std::to_string(vocab) : ""));
-        }
-    }
+std::vector<StepEvent> Scheduler::update(std::span<const int32_t> sampled) {
+    return update(StepCommit{sampled, {}, {}, {}, {}});
 }
 
-std::vector<StepEvent> Scheduler::update(std::span<const int32_t> sampled) {
+std::vector<StepEvent> Scheduler::update(const StepCommit &c) {
     if (!has_plan_) {
         throw std::logic_error("Scheduler.update: no plan in flight; call schedule() first");
     }
-    check_sampled(sampled);  // before any change, so a rejected call can be retried
+    check_commit(c);  // before any change, so a rejected call can be retried
     has_plan_ = false;
     for (const std::unique_ptr<Request> &r : dropped_) {
         release_resources(*r);
@@ -40,39 +26,55 @@ std::vector<StepEvent> Scheduler::update(std::span<const int32_t> sampled) {
     dropped_.clear();
     std::vector<StepEvent> events = std::move(pending_);
     pending_.clear();
-    size_t next = 0;
-    for (const Planned &p : in_flight_) {
-        commit(p, sampled, next, events);
+    for (size_t s = 0; s < in_flight_.size(); ++s) {
+        commit(in_flight_[s], c, s, events);
     }
     in_flight_.clear();
     return events;
 }
 
-void Scheduler::commit(const Planned &p, std::span<const int32_t> sampled, size_t &next,
-                       std::vector<StepEvent> &out) {
-    const int32_t token = p.sample ? sampled[next++] : -1;
+int32_t Scheduler::emitted_by(const StepCommit &c, size_t seq) const {
+    if (c.num_emitted.empty()) {
+        return in_flight_[seq].sample ? 1 : 0;
+    }
+    return c.num_emitted[seq];
+}
+
+void Scheduler::commit(const Planned &p, const StepCommit &c, size_t seq, std::vector<StepEvent> &out) {
     Request *r = find(p.rid);
     if (r == nullptr || r->serial != p.serial) {
         return;  // aborted after planning
     }
+    const int32_t emitted = emitted_by(c, seq);
     r->planned_in = 0;
-    r->num_computed = p.end;
+    // Rows of the emitted prefix hold committed tokens (the newest, then accepted drafts): their cache
+    // entries stay; rows of rejected drafts are past num_computed and are overwritten later.
+    r->num_computed = p.end - p.drafts + std::max(emitted - 1, 0);
     settle_pages(*r);
     if (!p.sample) {
         return;
     }
-    r->tokens.push_back(token);
     std::erase(queue_, r);  // a sampled chunk ends the prefill
-    std::string reason = stop_reason(*r);
-    if (reason.empty() && config_.engine_type == EngineType::kPrompt) {
-        reason = "prefilled";
+    std::string reason;
+    for (int32_t j = 0; j < emitted && reason.empty(); ++j) {
+        const int32_t token = c.sampled[static_cast<size_t>(p.first_row + j)];
+        r->tokens.push_back(token);
+        reason = stop_reason(*r);  // tokens after a stop are discarded
+        if (reason.empty() && config_.engine_type == EngineType::kPrompt) {
+            reason = "prefilled";
+        }
+        out.push_back({r->rid, token, !reason.empty(), reason});
     }
-    out.push_back({r->rid, token, !reason.empty(), reason});
     if (reason == "prefilled") {
         r->handed_off = true;
         std::erase(running_, r);
     } else if (!reason.empty()) {
         forget(*r, false);
+    } else {
+        store_drafts(*r, c, seq);
+        if (p.drafts > 0) {
+            trim_pages(*r);
+        }
     }
 }
 

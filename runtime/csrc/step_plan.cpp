@@ -8,14 +8,19 @@ namespace {
 void add_rows(StepPlan &plan, const Chunk &c, int32_t seq) {
     const Request &r = *c.request;
     for (int32_t p = c.start; p < c.end; ++p) {
-        plan.token_ids.push_back(r.tokens[static_cast<size_t>(p)]);
+        plan.token_ids.push_back(r.token_at(p));
         plan.positions.push_back(p);
         plan.seq_ids.push_back(seq);
         plan.is_replay.push_back(p < r.replay_end ? 1 : 0);
     }
+    plan.verify_start.push_back(static_cast<int32_t>(plan.sample_rows.size()));
+    plan.verify_len.push_back(c.sample ? 1 + c.drafts : 0);
     if (c.sample) {
-        plan.sample_rows.push_back(static_cast<int32_t>(plan.token_ids.size()) - 1);
-        plan.sample_rids.push_back(r.rid);
+        const int32_t last = static_cast<int32_t>(plan.token_ids.size()) - 1;
+        for (int32_t row = last - c.drafts; row <= last; ++row) {
+            plan.sample_rows.push_back(row);
+            plan.sample_rids.push_back(r.rid);
+        }
     }
 }
 
@@ -51,6 +56,7 @@ StepPlan build_plan(const std::vector<Chunk> &chunks, const SchedulerConfig &con
     for (size_t s = 0; s < chunks.size(); ++s) {
         add_rows(plan, chunks[s], static_cast<int32_t>(s));
         add_sequence(plan, chunks[s]);
+        plan.num_verify_drafts += chunks[s].drafts;
     }
     plan.num_tokens = static_cast<int32_t>(plan.token_ids.size());
     if (plan.num_tokens == 0) {

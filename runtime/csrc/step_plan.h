@@ -34,20 +34,33 @@ struct StepPlan {
     std::vector<int32_t> table_widths;               // per ratio: pages_per_seq
     std::vector<std::vector<int32_t>> block_tables;  // per ratio: [seqs, width], -1 = unallocated
     // [outs] the rows whose logits are sampled (each sequence's last row when it
-    // reaches the request's newest token), and their request ids.
+    // reaches the request's newest token; every row of a verify sequence), and their request ids.
     std::vector<int32_t> sample_rows;
     std::vector<int64_t> sample_rids;
+    // [seqs] sequence s owns sample rows verify_start[s] .. verify_start[s] + verify_len[s] - 1 (indices
+    // into sample_rows): 0 rows for a prefill chunk that samples nothing, 1 for a plain decode row or
+    // a prompt's last chunk, 1 + k for a verify sequence [newest token, d_0 .. d_{k-1}] (the layout of
+    // ops/spec_sampling.py spec_verify).
+    std::vector<int32_t> verify_start, verify_len;
+    // The verification planner's choice: drafts verified in total, the tokens it expects the verify
+    // sequences to emit (N + the sum of the chosen cumulative acceptance probabilities; N without
+    // confidences) and the curve's predicted step time (0 without a curve).
+    int32_t num_verify_drafts = 0;
+    double expected_tokens = 0;
+    double predicted_ms = 0;
     std::vector<int64_t> preempted;  // requests preempted while planning this step
 
     int32_t num_seqs() const { return static_cast<int32_t>(seq_rids.size()); }
 };
 
-// One sequence of a step: rows for positions start..end-1 of a request.
+// One sequence of a step: rows for positions start..end-1 of a request. A
+// verify sequence's last `drafts` rows hold the request's drafts.
 struct Chunk {
     const Request *request;
     int32_t start;
     int32_t end;
     bool sample;
+    int32_t drafts = 0;
 };
 
 // Fills the plan's arrays for these chunks (step, num_decode and preempted are

@@ -168,7 +168,9 @@ class StepPlan:
 
     @property
     def num_decode(self) -> int:
-        """Leading sequences that are single decode rows."""
+        """
+        Leading sequences that decode (one row, or a verify sequence's 1 + k rows).
+        """
 
     @property
     def num_seqs(self) -> int: ...
@@ -226,6 +228,34 @@ class StepPlan:
         """[outs] int64 their request ids."""
 
     @property
+    def verify_start(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """
+        [seqs] int32 first sample row (index into sample_rows) of each sequence.
+        """
+
+    @property
+    def verify_len(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """
+        [seqs] int32 sample rows of each sequence: 0 (a chunk that samples nothing), 1, or 1 + the drafts it verifies.
+        """
+
+    @property
+    def num_verify_drafts(self) -> int:
+        """Drafts verified in this step."""
+
+    @property
+    def expected_tokens(self) -> float:
+        """
+        The planner's expected tokens emitted by the decode sequences (0 with drafting off).
+        """
+
+    @property
+    def predicted_ms(self) -> float:
+        """
+        The curve's predicted step time for the planner's choice (0 without a curve).
+        """
+
+    @property
     def preempted(self) -> Annotated[NDArray[numpy.int64], dict(shape=(None,), writable=False)]:
         """int64 ids of requests preempted while planning this step."""
 
@@ -250,6 +280,17 @@ class EngineType(enum.Enum):
     PROMPT = 1
 
     COMPLETION = 2
+
+class VerifyMode(enum.Enum):
+    """
+    OFF: no drafts; CONFIDENCE: the confidence planner chooses the verified drafts; FIXED: min(draft_len, drafts held) per request.
+    """
+
+    OFF = 0
+
+    CONFIDENCE = 1
+
+    FIXED = 2
 
 class SchedulerConfig:
     """Scheduler settings; runtime/scheduler.py builds it."""
@@ -334,6 +375,24 @@ class SchedulerConfig:
     @replay_tokens.setter
     def replay_tokens(self, arg: int, /) -> None: ...
 
+    @property
+    def verify_mode(self) -> VerifyMode: ...
+
+    @verify_mode.setter
+    def verify_mode(self, arg: VerifyMode, /) -> None: ...
+
+    @property
+    def nextn(self) -> int: ...
+
+    @nextn.setter
+    def nextn(self, arg: int, /) -> None: ...
+
+    @property
+    def draft_len(self) -> int: ...
+
+    @draft_len.setter
+    def draft_len(self, arg: int, /) -> None: ...
+
 class Allocation:
     """A request's state slot and pages, holding its first num_cached tokens."""
 
@@ -357,7 +416,10 @@ class Allocation:
 class Scheduler:
     """Continuous-batching step scheduler (see runtime/csrc/scheduler.h)."""
 
-    def __init__(self, config: SchedulerConfig) -> None: ...
+    def __init__(self, config: SchedulerConfig, curve: ThroughputCurve | None = None) -> None:
+        """
+        curve: the confidence planner's throughput curve, shared (observe() on it corrects the planner); required when config.verify_mode is CONFIDENCE.
+        """
 
     @property
     def config(self) -> SchedulerConfig: ...
@@ -383,15 +445,18 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Plan the next step (one call per step, then update())."""
 
-    def update(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[tuple[int, int, bool, str | None]]:
+    def update(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], num_emitted: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None, drafts: Annotated[NDArray[numpy.int32], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None = None, draft_lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None, confidence: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None = None) -> list[tuple[int, int, bool, str | None]]:
         """
-        Commit the step with one int32 token per sample row; returns (rid, token, finished, reason) per sampled row, after pending aborts (token -1).
+        Commit the step: int32 sampled [sample rows]; optional int32 num_emitted [seqs] (default one per sampling sequence), the next drafts int32 [seqs, nextn] with int32 draft_lengths [seqs] and float64 confidence [seqs, nextn]. Returns (rid, token, finished, reason) per emitted token, after pending aborts (token -1). ValueError names the bad entry; nothing changes then.
         """
 
-    def advance(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[list[tuple[int, int, bool, str | None]], StepPlan]:
+    def advance(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], num_emitted: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None, drafts: Annotated[NDArray[numpy.int32], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None = None, draft_lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)] | None = None, confidence: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None = None) -> tuple[list[tuple[int, int, bool, str | None]], StepPlan]:
         """
-        update(sampled) then schedule() in one call: (events of the committed step, the next plan).
+        update(...) then schedule() in one call: (events of the committed step, the next plan).
         """
+
+    def drafts_of(self, rid: int) -> list[int]:
+        """The drafts a request holds now."""
 
     def allocation(self, rid: int) -> Allocation: ...
 

@@ -1,0 +1,256 @@
+"""DSpark speculative decoding in the engine loop (issue 6): verify a step's drafts, draft for the requests
+that go on, keep what the next step needs. Engine.step runs, per step:
+
+    target forward over the plan -> `verify` (this module) -> `draft` for continuing sequences
+    -> Scheduler.advance(emitted tokens, num_emitted, next drafts + confidences): one native call that
+       commits (stop tokens, EOS, max_tokens and max_model_len truncate an emission; the rest is
+       discarded) and plans the next step (the confidence planner runs inside it)
+
+A plan's verify sequence holds rows [newest token, d_0 .. d_{k-1}] (sample rows verify_start[s] ..
++ verify_len[s] - 1); row j's logits decide the token of position a+j+1, whose draft is d_j.
+
+Two verification rules:
+- exact speculative sampling (default): `spec_verify` (ops/spec_sampling.py) accepts d_j with
+  probability min(1, p_t(d_j) / p_d(d_j)) against the draft distribution it was drawn from (the pool of
+  draft log-probabilities below) and resamples the residual on rejection; the output distribution is
+  the target's exactly, and greedy requests accept a draft iff it is the target's argmax.
+- deterministic (`deterministic=True`): the token emitted at position p is the target's own `sample`
+  draw keyed on (seed, p) on stream 0, i.e. the token a run without drafting emits there; a draft is
+  accepted while it equals that draw. The drafter draws with the same key and the same method (stream
+  0, inverse CDF over the processed distribution), so a draft equals the target's draw wherever the two
+  distributions agree. The emitted token at every position is a function of the request's own logits at
+  that position (batch-invariant on the cpu platform), its seed and the position, never of how many
+  drafts were verified: a request's tokens do not depend on the batch, bucketing, chunk sizes or the
+  confidence scheduling, which stays on (DeepInfer turns it off for determinism). The output
+  distribution is the target's exactly, since every token is a target sample; the price is a lower
+  acceptance rate for sampled requests (two coupled inverse-CDF draws agree less often than rejection
+  sampling accepts), the same for greedy ones.
+
+Draft log-probabilities stay tensors: a pool [slots, nextn, V] indexed by the request's state slot (a
+request keeps its slot while it holds drafts: preemption drops them). `draft_hook` is a test-only hook
+that replaces a sequence's drafts (e.g. with the target's own continuation) to exercise every
+acceptance length; replaced drafts get a one-hot draft distribution so exact verification stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
+from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+from dsgraph.runtime.sampler import Sampler, Samples
+from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.runtime.scheduler import StepPlan
+from dsgraph.runtime.spec_draft import DraftRunner
+from dsgraph.runtime.spec_schedule import VerifyScheduler
+
+__all__ = ["DraftHook", "SeqInfo", "SpecDecoder", "Verified"]
+
+# (rid, position of the anchor, drafts, confidences) -> replacement (drafts, confidences) or None
+DraftHook = Callable[[int, int, list[int], list[float]], tuple[list[int], list[float]] | None]
+
+
+@dataclass(frozen=True)
+class SeqInfo:
+    """What the decoder needs of one sequence's request (None fields: released, its rows are dropped)."""
+
+    rid: int
+    params: SamplingParams
+    seed: int
+    forced: int | None  # a golden (teacher-forced) token to emit instead of verifying
+    continues: Callable[[list[int]], bool]  # whether the request goes on after emitting these tokens
+
+
+@dataclass(frozen=True)
+class Verified:
+    samples: Samples  # per sample row: the emitted token (-1 past a sequence's emission), logprob, top
+    num_emitted: np.ndarray  # [seqs] i32: tokens each sequence emits (0 without sample rows)
+    accepted: np.ndarray  # [seqs] i32: drafts accepted (0 without drafts)
+
+
+class SpecDecoder:
+    """The engine's speculative half: the drafter, the draft log-prob pool, verification and statistics."""
+
+    def __init__(
+        self,
+        session: Any,
+        weights: Any,
+        sampler: Sampler,
+        scheduler: VerifyScheduler,
+        *,
+        nextn: int,
+        deterministic: bool,
+    ) -> None:
+        self.drafter = DraftRunner(session, weights, stream=0 if deterministic else DRAFT_STREAM)
+        self.sampler, self.scheduler, self.nextn = sampler, scheduler, nextn
+        self.deterministic = deterministic
+        vocab = session.model.cfg.text.vocab_size
+        self.pool = torch.zeros(session.cache_sizes.num_slots, nextn, vocab, device=session.device)
+        self.confidence: dict[int, np.ndarray] = {}  # rid -> confidences of the drafts it holds
+        self.draft_hook: DraftHook | None = None
+
+    def verify(self, plan: StepPlan, logits: torch.Tensor, seqs: Sequence[SeqInfo | None]) -> Verified:
+        """Decide every sample row of the plan; `seqs[s]` describes plan sequence s."""
+        rows = np.asarray(plan.sample_rows, dtype=np.int64)
+        start, length = np.asarray(plan.verify_start), np.asarray(plan.verify_len)
+        row_seq = np.repeat(np.arange(len(length)), length)
+        released = SeqInfo(-1, SamplingParams(temperature=0.0), 0, None, lambda _: False)
+        info = [seqs[s] or released for s in row_seq.tolist()]
+        params, seeds = [i.params for i in info], [i.seed for i in info]
+        positions = torch.from_numpy(np.asarray(plan.positions)[rows] + 1)
+        s = self.sampler.sample(logits, params, seeds, positions)
+        tokens = np.asarray(plan.token_ids)
+        is_draft = np.ones(len(rows), dtype=bool)
+        is_draft[start[length > 0] + length[length > 0] - 1] = False  # bonus rows
+        drafts = np.where(is_draft, tokens[np.minimum(rows + 1, len(tokens) - 1)], 0).astype(np.int32)
+        if self.deterministic or not (length > 1).any():
+            match = (drafts == s.tokens.numpy()) & is_draft
+            emitted, logprobs = s.tokens.numpy().copy(), s.logprobs.clone()
+            accepted = np.array([_leading(match[a : a + n]) for a, n in zip(start, length, strict=True)])
+        else:
+            num, emitted_t, logprobs = self._exact(plan, logits, drafts, params, seeds, positions, row_seq)
+            emitted, accepted = emitted_t.numpy().copy(), np.maximum(num.numpy(), 0)
+        accepted = np.where(length > 0, accepted, 0)
+        num_emitted = np.where(length > 0, accepted + 1, 0).astype(np.int32)
+        self._force(logits, seqs, start, num_emitted, accepted, emitted, logprobs)
+        mask = np.arange(len(rows)) - start[row_seq] >= num_emitted[row_seq]
+        emitted[mask] = -1
+        samples = Samples(torch.from_numpy(emitted), logprobs, s.top_logprobs, s.top_ids)
+        return Verified(samples, num_emitted, accepted.astype(np.int32))
+
+    def _exact(
+        self,
+        plan: StepPlan,
+        logits: torch.Tensor,
+        drafts: np.ndarray,
+        params: list[SamplingParams],
+        seeds: list[int],
+        positions: torch.Tensor,
+        row_seq: np.ndarray,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`spec_verify` with each draft row's draft distribution from the pool."""
+        start = np.asarray(plan.verify_start)
+        slots = np.asarray(plan.seq_slot)[row_seq]
+        index = np.arange(len(row_seq)) - start[row_seq]
+        draft_lp = self.pool[torch.from_numpy(slots), torch.from_numpy(np.minimum(index, self.nextn - 1))]
+        return self.sampler.verify(
+            logits,
+            torch.from_numpy(drafts),
+            draft_lp,
+            params,
+            seeds,
+            positions,
+            torch.from_numpy(start.astype(np.int32)),
+            torch.from_numpy(np.array(plan.verify_len, dtype=np.int32)),
+        )
+
+    @staticmethod
+    def _force(
+        logits: torch.Tensor,
+        seqs: Sequence[SeqInfo | None],
+        start: np.ndarray,
+        num_emitted: np.ndarray,
+        accepted: np.ndarray,
+        emitted: np.ndarray,
+        logprobs: torch.Tensor,
+    ) -> None:
+        """Teacher forcing: a sequence with a golden token left emits it alone (no draft accepted)."""
+        for k, info in enumerate(seqs):
+            if info is None or info.forced is None or num_emitted[k] == 0:
+                continue
+            row = int(start[k])
+            num_emitted[k], accepted[k], emitted[row] = 1, 0, info.forced
+            logprobs[row] = torch.log_softmax(logits[row].float(), -1)[info.forced]
+
+    def draft(self, plan: StepPlan, v: Verified, seqs: Sequence[SeqInfo | None]) -> tuple[np.ndarray, ...]:
+        """Drafts for every sequence that emitted tokens and goes on: (tokens [seqs, nextn] i32, lengths
+        [seqs] i32, confidences [seqs, nextn] f64), the commit's draft arrays."""
+        n = plan.num_seqs
+        tokens, lengths = np.zeros((n, self.nextn), np.int32), np.zeros(n, np.int32)
+        conf = np.zeros((n, self.nextn), np.float64)
+        emitted = v.samples.tokens.numpy()
+        start, rows = np.asarray(plan.verify_start), np.asarray(plan.sample_rows)
+        todo: list[tuple[int, DraftRequest]] = []
+        drafted: list[tuple[int, SeqInfo]] = []
+        for k, info in enumerate(seqs):
+            m = int(v.num_emitted[k])
+            if info is None or m == 0 or not info.continues(emitted[start[k] : start[k] + m].tolist()):
+                continue
+            last = int(start[k]) + m - 1
+            t, p, top_k, min_p = info.params.op_row()
+            anchor = DraftRequest(
+                int(emitted[last]),
+                int(plan.positions[rows[last]]) + 1,
+                int(plan.seq_slot[k]),
+                int(plan.seq_window_start[k]),
+                t,
+                p,
+                top_k,
+                min_p,
+                info.seed,
+            )
+            todo.append((k, anchor))
+            drafted.append((k, info))
+        if todo:
+            out = self.drafter.run([r for _, r in todo])
+            width = min(self.nextn, out.tokens.shape[1])
+            for i, (k, req) in enumerate(todo):
+                self.pool[req.slot, :width] = out.logprobs[i, :width]
+                tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
+                conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
+                self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
+        self.confidence = {info.rid: conf[k, : lengths[k]].copy() for k, info in drafted}
+        return tokens, lengths, conf
+
+    def _hook(
+        self,
+        info: SeqInfo,
+        req: DraftRequest,
+        tokens: np.ndarray,
+        lengths: np.ndarray,
+        conf: np.ndarray,
+        k: int,
+    ) -> None:
+        """Test-only: let `draft_hook` replace sequence k's drafts (one-hot draft distributions)."""
+        if self.draft_hook is None:
+            return
+        got = self.draft_hook(
+            info.rid, req.position, tokens[: lengths[k]].tolist(), conf[: lengths[k]].tolist()
+        )
+        if got is None:
+            return
+        d, c = list(got[0])[: self.nextn], list(got[1])[: self.nextn]
+        tokens[:], conf[:] = 0, 0.0
+        tokens[: len(d)], conf[: len(c)], lengths[k] = d, c, len(d)
+        one_hot = torch.full_like(self.pool[req.slot], float("-inf"))
+        one_hot[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 0.0
+        self.pool[req.slot, : len(d)] = one_hot[: len(d)]
+
+    def record(self, plan: StepPlan, v: Verified, held: dict[int, np.ndarray]) -> list[tuple[int, int, int]]:
+        """Statistics of the plan's decode sequences; returns (rid, verified, accepted) per sequence.
+        `held`: the confidences each request's drafts had when the plan was made."""
+        out: list[tuple[int, int, int]] = []
+        verified, accepted, conf = [], [], []
+        for k in range(plan.num_decode):
+            rid, n = int(plan.seq_rids[k]), int(plan.verify_len[k]) - 1
+            if n < 0:
+                continue
+            c = held.get(rid, np.zeros(0))[:n]
+            verified.append(n)
+            accepted.append(min(int(v.accepted[k]), n))
+            conf.append(np.pad(c, (0, n - len(c))))
+            out.append((rid, n, accepted[-1]))
+        if verified:
+            self.scheduler.record(verified, accepted, conf)
+        return out
+
+
+def _leading(match: np.ndarray) -> int:
+    """Leading True entries (the accepted drafts of one sequence's rows)."""
+    misses = np.flatnonzero(~match)
+    return int(misses[0]) if len(misses) else len(match)

@@ -1,0 +1,168 @@
+"""How an engine's speculative decoding is configured: validation of the EngineConfig fields, the choice
+of "auto", the scheduler's verify fields, and the throughput curve (given explicitly, or profiled on the
+session at start and cached on disk under $XDG_CACHE_HOME/dsgraph/curves, keyed by the model config, the
+buckets and the device; runtime/spec_schedule.py)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
+from dsgraph.runtime.scheduler import default_buckets
+from dsgraph.runtime.spec_draft import has_dspark_stages
+from dsgraph.runtime.spec_engine import SpecDecoder
+from dsgraph.runtime.spec_schedule import (
+    SpecScheduleConfig,
+    ThroughputCurve,
+    VerifyScheduler,
+    load_or_profile_curve,
+    make_curve,
+    wall_clock,
+)
+
+__all__ = ["SpecSetup", "check_spec_config", "curve_cache_dir", "profile_session", "setup_spec"]
+
+SPECULATIVE = ("auto", "dspark", "off")
+SCHEDULES = ("confidence", "fixed")
+MAX_NEXTN = ROLLBACK_ROOM - 1  # verify rows write a..a+nextn: the rings roll back ROLLBACK_ROOM entries
+
+
+def check_spec_config(c: Any) -> None:
+    """ValueError naming the first bad speculative-decoding field of an EngineConfig."""
+    if c.speculative not in SPECULATIVE:
+        raise ValueError(f"speculative: {c.speculative!r}, expected one of {list(SPECULATIVE)}")
+    if c.verify_schedule not in SCHEDULES:
+        raise ValueError(f"verify_schedule: {c.verify_schedule!r}, expected one of {list(SCHEDULES)}")
+    if c.draft_len is not None and (not isinstance(c.draft_len, int) or not 0 <= c.draft_len <= MAX_NEXTN):
+        raise ValueError(f"draft_len: {c.draft_len!r}, expected None or an integer in 0..{MAX_NEXTN}")
+    if not isinstance(c.deterministic, bool):
+        raise ValueError(f"deterministic: {c.deterministic!r}, expected a bool")
+    curve = c.throughput_curve
+    if curve is not None:
+        if len(curve) != 2 or len(curve[0]) != len(curve[1]) or not curve[0]:
+            raise ValueError(
+                f"throughput_curve: {curve!r}, expected (row counts, step ms) of equal, non-zero length"
+            )
+        make_curve(curve[0], curve[1])  # ValueError names the first bad size or time
+
+
+@dataclass(frozen=True)
+class SpecSetup:
+    enabled: bool
+    nextn: int
+    config: Any  # the EngineConfig
+
+    @classmethod
+    def resolve(
+        cls, config: Any, cfg: Any, weights: Mapping[str, torch.Tensor], *, platform: str
+    ) -> SpecSetup:
+        """Whether to draft: "dspark" always (its stages must exist), "auto" when the checkpoint has DSpark
+        stages and the platform is cuda, "off" never."""
+        stages = cfg.text.num_nextn_predict_layers
+        has = has_dspark_stages(weights, stages)
+        if config.speculative == "dspark" and not has:
+            raise ValueError(
+                f"speculative: 'dspark' needs the checkpoint's DSpark stages mtp.0..{stages - 1}; "
+                f"the config declares {stages} and the weights hold "
+                f"{sorted({k.split('.')[1] for k in weights if k.startswith('mtp.')})}"
+            )
+        enabled = config.speculative == "dspark" or (
+            config.speculative == "auto" and has and platform == "cuda"
+        )
+        return cls(enabled, min(cfg.text.dspark_block_size, MAX_NEXTN) if enabled else 0, config)
+
+    @property
+    def draft_len(self) -> int:
+        """Fixed schedule: drafts verified per request (all of them by default)."""
+        return self.nextn if self.config.draft_len is None else min(self.config.draft_len, self.nextn)
+
+    def scheduler_fields(self) -> dict[str, object]:
+        if not self.enabled:
+            return {}
+        return {"verify_mode": self.config.verify_schedule, "nextn": self.nextn, "draft_len": self.draft_len}
+
+
+def curve_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsgraph" / "curves"
+
+
+def profile_inputs(model: Any, n: int) -> dict[str, np.ndarray]:
+    """A step of n real rows: sequences of consecutive positions from 0 in slots 0, 1, ..., on pages
+    0, 1, ... (the caches are cleared after profiling)."""
+    geo, text = model.geo, model.cfg.text
+    span = geo.max_model_len - 1
+    lengths = [min(span, n - i) for i in range(0, n, span)]
+    lookback = text.engram_max_ngram_size - 1
+    out: dict[str, Any] = {
+        "token_ids": np.arange(n, dtype=np.int32) % text.vocab_size,
+        "positions": np.concatenate([np.arange(m) for m in lengths]).astype(np.int32),
+        "seq_ids": np.repeat(np.arange(len(lengths)), lengths).astype(np.int32),
+        "seq_slot": np.arange(len(lengths), dtype=np.int32),
+        "seq_start": np.zeros(len(lengths), np.int32),
+        "seq_end": np.asarray(lengths, np.int32),
+        "seq_window_start": np.zeros(len(lengths), np.int32),
+        "lookback": np.full((len(lengths), lookback), -1, np.int32),
+        "sample_rows": np.arange(n, dtype=np.int32),
+        "is_replay": np.zeros(n, np.int32),
+    }
+    for r in ratios(model.plans):
+        table = np.full((len(lengths), geo.pages_per_seq(r)), -1, np.int32)
+        used = 0
+        for s, m in enumerate(lengths):
+            need = -(-(m // r) // geo.page_size)  # pages holding the entries of m tokens
+            table[s, :need] = np.arange(used, used + need)
+            used += need
+        out[f"block_table_r{r}"] = table
+    return out
+
+
+def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> ThroughputCurve:
+    """Tokens per step vs step time over `buckets` on the session (cached on disk), caches cleared after."""
+
+    def run(n: int) -> None:
+        session.run(profile_inputs(session.model, n))
+        if session.on_device:
+            torch.cuda.synchronize(session.device)
+
+    device = torch.cuda.get_device_name(session.device) if session.on_device else "cpu"
+    model = session.model
+    key_config = repr((model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
+    curve = load_or_profile_curve(
+        wall_clock(run),
+        buckets,
+        cache_dir=curve_cache_dir(),
+        model_config=key_config,
+        device_name=device,
+        repeats=repeats,
+        lookup="step" if session.on_device else "linear",
+    )
+    for t in session.caches.values():
+        t.zero_()
+    return curve
+
+
+def setup_spec(
+    spec: SpecSetup, engine: Any, weights: Mapping[str, torch.Tensor]
+) -> tuple[SpecDecoder, ThroughputCurve | None]:
+    """The engine's decoder and the curve shared with its scheduler (None in fixed mode)."""
+    c = spec.config
+    curve = None
+    if c.throughput_curve is not None:
+        curve = make_curve(*c.throughput_curve, lookup="step" if engine.session.on_device else "linear")
+    elif c.verify_schedule == "confidence":
+        curve = profile_session(engine.session, list(default_buckets(c.max_num_batched_tokens)))
+    sched = VerifyScheduler(
+        SpecScheduleConfig(mode=c.verify_schedule, nextn=spec.nextn, draft_len=spec.draft_len),
+        curve,
+    )
+    decoder = SpecDecoder(
+        engine.session, weights, engine.sampler, sched, nextn=spec.nextn, deterministic=c.deterministic
+    )
+    return decoder, sched.curve
