@@ -34,6 +34,9 @@ class EngineConfig:
     """Everything that shapes an engine, built in one place (CLI flags and LLM kwargs map onto it)."""
 
     numerics: str = "serving"
+    # "cpu": the executable specification; "cuda": weights and caches on the GPU, Triton kernels, one
+    # CUDA graph per bucket (platform/cuda), sampling on the device
+    platform: str = "cpu"
     max_model_len: int = 1024
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 256
@@ -65,6 +68,8 @@ class EngineConfig:
         check_spec_config(self)
         if self.prefix_replay not in ("window", "exact"):
             raise ValueError(f"prefix_replay: {self.prefix_replay!r}, expected 'window' or 'exact'")
+        if self.platform not in ("cpu", "cuda"):
+            raise ValueError(f"platform: {self.platform!r}, expected 'cpu' or 'cuda'")
         if self.numerics not in ("serving", "reference"):
             raise ValueError(f"numerics: {self.numerics!r}, expected 'serving' or 'reference'")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "page_size"):
@@ -133,11 +138,11 @@ class Engine:
         num = numerics_for(config.numerics)
         max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
         weights = prepare_weights(cfg, load_checkpoint(root, cfg, progress=False), num, token_map)
-        spec = SpecSetup.resolve(config, cfg, weights, platform="cpu")
+        spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
         sizes = self._cache_sizes()
-        self.session = Session(self.model, weights, sizes)
+        self.session = Session(self.model, weights, sizes, platform=config.platform)
         self.sampler = Sampler(cfg.text.vocab_size)
         self.spec: SpecDecoder | None = None
         curve = None

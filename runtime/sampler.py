@@ -96,6 +96,7 @@ class Sampler:
             *self._rows(params, seeds),
         ]
         args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
+        args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
         out = run_program(self.verify_programs[(n, seqs)], args)
         return out["num_accepted"], out["token"], out["logprob"]
 
@@ -108,6 +109,7 @@ class Sampler:
     ) -> Samples:
         """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i]."""
         args = [logits.float(), *self._rows(params, seeds), positions.to(torch.int32)]
+        args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
         n = logits.shape[0]
         if n not in self.programs:
             self.programs[n] = lower(specialize(self.graph, {"outs": n}), "cpu")

@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
+    p.add_argument("--platform", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU kernels, graphs")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument(
@@ -75,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         llm = LLM(
             args.model,
             numerics=args.numerics,
+            platform=args.platform,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             speculative=args.speculative,

@@ -17,6 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
+    p.add_argument("--platform", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU kernels, graphs")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--thinking", action="store_true", help="thinking mode for requests that do not choose")
@@ -34,7 +35,10 @@ def main(args: argparse.Namespace) -> int:
     if not args.model:
         print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
     config = EngineConfig(
-        numerics=args.numerics, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs
+        numerics=args.numerics,
+        platform=args.platform,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
     )
     engine = Engine(root, config)
     name = args.served_model_name or root.name

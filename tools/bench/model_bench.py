@@ -21,6 +21,7 @@ from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.tools.bench.calibrate import Calibration
+from dsgraph.tools.bench.profile import op_profile
 from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
 from dsgraph.tools.bench.timing import time_ms
 from dsgraph.tools.bench.traffic import active_weight_elements, decode_bytes
@@ -86,6 +87,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
     session = session_for(model, weights, 1, chunk)
     step = prefill_step(model, chunk)
     ms = time_ms(lambda: session.run(step), warmup=2, repeats=5)
+    profile = op_profile(session, step) if chunk == 4096 else None
     flops = 2 * chunk * active_weight_elements(model)
     return {
         "chunk": chunk,
@@ -94,6 +96,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
         "gemm_tflops": flops / (ms * 1e-3) / 1e12,
         "fraction_of_fp8_gemm": flops / (ms * 1e-3) / 1e12 / cal.fp8_gemm_tflops,
         "captures": getattr(session, "captures", None),
+        **({"profile": profile} if profile else {}),
     }
 
 
@@ -104,7 +107,9 @@ def decode_case(
     step = decode_step(model, batch, ctx)
     ms = time_ms(lambda: session.run(step), warmup=3, repeats=10)
     nbytes = decode_bytes(model, weights, batch, ctx)
+    profile = op_profile(session, step) if batch in (1, 64) and ctx == 8192 else None
     return {
+        **({"profile": profile} if profile else {}),
         "batch": batch,
         "context": ctx,
         "ms": ms,

@@ -92,6 +92,7 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
         result["model"] = model_part(plan, cal, start + plan.budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = result["env"]["gpu"].replace(" ", "-")
-    path = out_dir / f"bench-{gpu}-{result['env']['commit'][:8]}.json"
+    tag = "".join(c if c.isalnum() else "-" for c in result["env"]["commit"][:12])
+    path = out_dir / f"bench-{gpu}-{tag}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path

@@ -1,0 +1,50 @@
+"""Where a step's time goes: the step run eagerly on the device with a CUDA event pair around every
+equation (value checks off, as in a captured step), summed per op. Launch gaps between equations are
+not in the sums, so the total is below the eager step time and the ratios are what matter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from dsgraph.platform.cpu.step_rows import unchecked
+from dsgraph.platform.cuda.execute import DeviceProgram
+from dsgraph.runtime.session import Session
+from dsgraph.runtime.step_padding import bucket_size, pad_step
+
+
+def _device_program(session: Session, step: Mapping[str, np.ndarray]) -> tuple[DeviceProgram, dict]:
+    sizes = session._sizes(step)
+    sizes.update({d: bucket_size(sizes[d]) for d in ("tokens", "seqs", "outs")})
+    padded = pad_step({k: np.asarray(v) for k, v in step.items()}, session.step_dims, sizes)
+    program = DeviceProgram(session._program(sizes), session.device)
+    args = {**session.weights, **{f"caches.{k}": v for k, v in session.caches.items()}}
+    args.update({f"step.{k}": torch.from_numpy(np.array(v)).to(session.device) for k, v in padded.items()})
+    return program, args
+
+
+def op_profile(session: Session, step: Mapping[str, np.ndarray], top: int = 12) -> dict[str, Any]:
+    program, args = _device_program(session, step)
+    with unchecked():
+        program.run(args, check=False)  # warm-up: kernels compiled, allocator primed
+        env = program.bind(args)
+        events = []
+        for i in range(len(program.program.steps)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            program.run_step(i, env, check=False)
+            end.record()
+            events.append((program.program.steps[i].eqn.op, start, end))
+        torch.cuda.synchronize()
+    per_op: dict[str, list[float]] = {}
+    for op, start, end in events:
+        per_op.setdefault(op, []).append(start.elapsed_time(end))
+    total = sum(sum(v) for v in per_op.values())
+    rows = sorted(((op, sum(v), len(v)) for op, v in per_op.items()), key=lambda r: -r[1])
+    return {
+        "sum_ms": total,
+        "ops": [{"op": op, "ms": ms, "count": n, "share": ms / total} for op, ms, n in rows[:top]],
+    }
