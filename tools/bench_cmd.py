@@ -7,15 +7,15 @@ import argparse
 import json
 from pathlib import Path
 
-PARTS = ("kernels", "model")
+PARTS = ("kernels", "model", "spec")
 
 
-def _plans(quick: bool):  # type: ignore[no-untyped-def]
+def _plans(quick: bool, budget_s: float):  # type: ignore[no-untyped-def]
     from dsgraph.tools.bench.model_bench import Plan
 
     if not quick:
-        return Plan()
-    return Plan(prefill_chunks=(4096,), decode_batches=(1, 64), decode_contexts=(8192,), budget_s=180.0)
+        return Plan(budget_s=budget_s)
+    return Plan(prefill_chunks=(4096,), decode_batches=(1, 64), decode_contexts=(8192,), budget_s=budget_s)
 
 
 def write_plots(result_path: Path) -> list[Path]:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"dsgraph bench: unknown --parts {unknown}; known: {list(PARTS)}")
         return 2
-    path = run_bench(Path(args.out), _plans(args.quick), parts)
+    path = run_bench(Path(args.out), _plans(args.quick, args.budget_s), parts)
     print(f"wrote {path}")
     for p in write_plots(path):
         print(f"wrote {p}")
@@ -69,5 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="bench/results", help="folder for the JSON and SVG files")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {PARTS}")
     p.add_argument("--quick", action="store_true", help="a few cases only (smoke run)")
+    p.add_argument(
+        "--budget-s", type=float, default=420.0, help="wall-clock seconds after which model cases are skipped"
+    )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)

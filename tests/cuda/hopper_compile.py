@@ -4,7 +4,7 @@ Triton's interpreter, which runs the kernel tests on CPU machines, accepts code 
 this script runs the real front end and back end (down to PTX and cubin with the ptxas Triton ships).
 It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted functions), so
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
-Usage: python tests/cuda/hopper_compile.py [head_dim]
+Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512)
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from triton.compiler import ASTSource
 from dsgraph.platform.cuda.kernels import attention_tl, cache_tl, indexer_tl
 
 HOPPER = GPUTarget("cuda", 90, 32)
+HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may take on sm_90
 STEP = ("pos_ptr", "seq_ptr", "slot_ptr", "start_ptr", "first_ptr", "table_ptr", "topk_ptr")
 SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "block_size", "table_width", "topk_width")
 
@@ -30,6 +31,11 @@ def _compile(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_war
         target=HOPPER,
         options={"num_warps": num_warps},
     )
+    if kernel.metadata.shared > HOPPER_SHARED_BYTES:
+        raise SystemExit(
+            f"{fn.__name__} {constexprs}: needs {kernel.metadata.shared} B of shared memory, "
+            f"expected <= {HOPPER_SHARED_BYTES} (an sm_90 block's limit): it would fail at launch"
+        )
     print(f"{fn.__name__}: ok, {kernel.metadata.shared} B shared", flush=True)
 
 
@@ -39,8 +45,10 @@ def _attention(head_dim: int, dtype: str) -> None:
     dot = 0 if dtype == "fp32" else 1
     block_c = triton.next_power_of_2(head_dim // 2)
     shapes = dict(HEAD_DIM=head_dim, BLOCK_C=block_c)
-    meta = dict(NUM_SPLITS=5, WINDOW=128, BLOCK_N=rule.BLOCK_N, SPLIT_TILES=rule.SPLIT_TILES, HAS_POOL=True,
-                DOT=dot, BLOCK_H=rule.BLOCK_H, **shapes)  # fmt: skip
+    # The tiles attention.launch picks (f32 queries take smaller ones).
+    block_h, block_n = (16, rule.F32_BLOCK_N) if dtype == "fp32" else (rule.BLOCK_H, rule.BLOCK_N)
+    meta = dict(NUM_SPLITS=5, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=rule.SPLIT_TILES, HAS_POOL=True,
+                DOT=dot, BLOCK_H=block_h, **shapes)  # fmt: skip
     inputs = {"q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "ring_ptr": "*u8", "pool_ptr": "*u8"}
     step = {name: "*i32" for name in STEP}
     sizes = {**{name: "i32" for name in SIZES}, "scale_log2": "fp32"}
@@ -80,7 +88,7 @@ def _cache() -> None:
 
 
 def main(argv: list[str]) -> int:
-    head_dim = int(argv[1]) if len(argv) > 1 else 64
+    head_dim = int(argv[1]) if len(argv) > 1 else 512  # the real width: shared-memory limits show there
     for dtype in ("bf16", "fp32"):
         _attention(head_dim, dtype)
         _indexer(dtype)

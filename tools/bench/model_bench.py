@@ -42,8 +42,9 @@ def synthetic_token_map(cfg: ModelConfig) -> list[int]:
     return [v % cfg.text.engram_compressed_vocab_size for v in range(cfg.text.vocab_size)]
 
 
-def make_model(cfg: ModelConfig, max_len: int) -> V41Model:
-    return build_model(cfg, synthetic_token_map(cfg), SERVING, default_geometry(cfg.text, max_len))
+def make_model(cfg: ModelConfig, max_len: int, *, dspark: bool = False) -> V41Model:
+    geo = default_geometry(cfg.text, max_len)
+    return build_model(cfg, synthetic_token_map(cfg), SERVING, geo, dspark=dspark)
 
 
 def alias_layers(weights: Mapping[str, Tensor], layer_map: Mapping[int, int]) -> dict[str, Tensor]:
@@ -68,9 +69,11 @@ def fill_caches(session: Session, seed: int = 0) -> None:
             t.normal_(generator=gen)
 
 
-def session_for(model: V41Model, weights: Mapping[str, Tensor], seqs: int, context: int) -> Session:
+def session_for(
+    model: V41Model, weights: Mapping[str, Tensor], seqs: int, context: int, platform: str = "cuda"
+) -> Session:
     pages = {r: seqs * pages_for(model, r, context) for r in ratios(model.plans)}
-    return Session(model, weights, CacheSizes(seqs, pages), platform="cuda", device="cuda")
+    return Session(model, weights, CacheSizes(seqs, pages), platform=platform)
 
 
 def _case(fn: Callable[[], dict[str, Any]], deadline: float) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dsgraph.tools.bench import spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
 from dsgraph.tools.bench.extrapolate import extrapolate
 from dsgraph.tools.bench.kernels_cmp import kernel_cases
@@ -56,9 +57,8 @@ def environment() -> dict[str, Any]:
     }
 
 
-def model_part(plan: Plan, cal: Any, deadline: float) -> dict[str, Any]:
+def model_part(plan: Plan, cal: Any, weights: dict, deadline: float) -> dict[str, Any]:
     cfg = bench_config()
-    weights = random_serving_weights(cfg, synthetic_token_map(cfg))
     prefill_model = make_model(cfg, max(plan.prefill_chunks) + 64)
     out: dict[str, Any] = {
         "prefill": prefill_cases(prefill_model, weights, plan, cal, deadline),
@@ -88,8 +88,17 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
     if "kernels" in parts:
         result["kernels"] = kernel_cases(cal)
         print(json.dumps(result["kernels"]), flush=True)
-    if "model" in parts:
-        result["model"] = model_part(plan, cal, start + plan.budget_s)
+    if "model" in parts or "spec" in parts:
+        cfg = bench_config()
+        weights = random_serving_weights(cfg, synthetic_token_map(cfg), dspark="spec" in parts)
+        if "spec" in parts:
+            result["spec"] = {
+                "doc": spec_bench.__doc__,
+                "cases": spec_bench.spec_cases(cfg, weights, (1, 16, 64)),
+            }
+            print(json.dumps(result["spec"]["cases"]), flush=True)
+        if "model" in parts:
+            result["model"] = model_part(plan, cal, weights, start + plan.budget_s)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = result["env"]["gpu"].replace(" ", "-")
     tag = "".join(c if c.isalnum() else "-" for c in result["env"]["commit"][:12])

@@ -16,7 +16,7 @@ from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, 
 from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
 
-_EXPERT = re.compile(r"(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
+_EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
 
 
 Stored = tuple[Tensor, Tensor | None]  # a weight and its scale (None for plain tensors)
@@ -38,14 +38,14 @@ def _stack(out: dict[str, Tensor], experts: dict[tuple[str, str], list[Stored]])
 
 
 def random_serving_weights(
-    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda"
+    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda", *, dspark: bool = False
 ) -> dict[str, Tensor]:
-    """The step graph's weight inputs (serving numerics) on `device`; no DSpark tensors."""
+    """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`."""
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, Tensor] = {}
     experts: dict[tuple[str, str], list[Stored]] = {}
     for name, spec in expected_tensors(cfg).items():
-        if spec.kind is TensorKind.SCALE or name.startswith("mtp."):
+        if spec.kind is TensorKind.SCALE or (name.startswith("mtp.") and not dspark):
             continue
         m = _EXPERT.fullmatch(name)
         if m is None:

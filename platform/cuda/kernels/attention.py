@@ -2,8 +2,15 @@
 
 Same signature, dtype and shape as platform/cpu/rules_attention.py `attention`. Two launch paths with
 one arithmetic (see attention_tl.py): up to DECODE_MAX_ROWS rows the keys of a row are split over
-programs (rows x head blocks x splits, then a merge kernel), beyond it one program per (row, head block)
-runs every split itself. The split size is a constant, so a row's result never depends on the batch.
+programs (rows x head blocks x 2 column halves x splits, then a merge kernel), beyond it one program per
+(row, head block, half) runs every split itself. Tile and split sizes are constants (f32 queries take
+smaller tiles: their operands need twice the shared memory), so a row's result never depends on the batch.
+
+Tiling (H200, 64 heads x 512, window 128 + top-k 512): a program decodes each key tile once for its
+BLOCK_H heads and keeps one f32 accumulator [BLOCK_H, 256] (its half of the columns): with 8 warps that
+is the most that stays in registers (BLOCK_H 64, or keeping both halves, spills: ptxas -v). Beyond 32
+rows, rows x 4 programs fill the 132 SMs without splitting, and splitting would only add the per-split
+state traffic (64 heads x 512 x 4 B per split and row), hence DECODE_MAX_ROWS.
 
 Operand checks: unless checks are off (`step_rows.unchecked()`) or a CUDA graph is being captured, the
 rule raises the cpu rule's errors for bad seq_ids, ring slots, non-contiguous chunk rows and selected
@@ -23,11 +30,12 @@ from torch import Tensor
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
-BLOCK_H = 64  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
-BLOCK_N = 64  # keys per tile
-SPLIT_TILES = 2  # pool tiles per split (128 keys); split 0 holds the SWA tiles. Never from the batch.
+BLOCK_H = 32  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
+BLOCK_N = 32  # keys per tile
+F32_BLOCK_N = 16  # keys per tile for f32 queries (with 16 heads per program)
+SPLIT_TILES = 4  # pool tiles per split (128 keys); split 0 holds the SWA tiles. Never from the batch.
 MERGE_H = 16  # heads per merge program (the merge is elementwise per head: any value gives the same bits)
-DECODE_MAX_ROWS = 64
+DECODE_MAX_ROWS = 32
 NUM_WARPS = 8
 
 
@@ -99,9 +107,10 @@ def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operan
     return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= DECODE_MAX_ROWS)
 
 
-def num_splits(p: Any, topk_width: int) -> int:
+def num_splits(topk_width: int, block_n: int) -> int:
     """Split 0 holds the SWA tiles, then ceil(pool tiles / SPLIT_TILES) splits of pool tiles."""
-    return 1 + -(-(-(-topk_width // BLOCK_N)) // SPLIT_TILES)
+    tiles = -(-topk_width // block_n)
+    return 1 + -(-tiles // SPLIT_TILES)
 
 
 def launch(
@@ -118,17 +127,20 @@ def launch(
     has_pool = len(operands) == 8
     pool, block_table, topk = operands[5:] if has_pool else (ring, seq_slot.view(1, -1), seq_ids.view(-1, 1))
     topk_width = topk.shape[1] if has_pool else 0
-    splits = num_splits(p, topk_width) if has_pool else 1
-    block_h, block_c = min(BLOCK_H, max(16, _next_pow2(heads))), max(16, _next_pow2(width // 2))
+    block_h, block_n = min(BLOCK_H, max(16, _next_pow2(heads))), BLOCK_N
+    if q.dtype == torch.float32:  # f32 operands take twice the shared memory: 227 KB must hold the tiles
+        block_h, block_n = 16, min(BLOCK_N, F32_BLOCK_N)
+    block_c = max(16, _next_pow2(width // 2))
+    splits = num_splits(topk_width, block_n) if has_pool else 1
     tensors = (q.contiguous(), kv.contiguous(), ring.contiguous(), pool.contiguous())
     step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
     sizes = (rows, heads, ring.shape[1], pool.shape[0], pool.shape[1], block_table.shape[1], topk_width)
     meta = dict(
         NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
-        BLOCK_N=BLOCK_N, SPLIT_TILES=SPLIT_TILES, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
+        BLOCK_N=block_n, SPLIT_TILES=SPLIT_TILES, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
         num_warps=NUM_WARPS,
     )  # fmt: skip
-    grid, scale_log2 = (rows, -(-heads // block_h)), float(p.softmax_scale) * math.log2(math.e)
+    grid, scale_log2 = (rows, 2 * -(-heads // block_h)), float(p.softmax_scale) * math.log2(math.e)
     if split:
         m = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
         lsum, acc = torch.empty_like(m), m.new_empty(rows, splits, heads, width)

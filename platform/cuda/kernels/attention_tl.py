@@ -7,18 +7,22 @@ tile; the pool tiles follow in splits of SPLIT_TILES tiles. Both counts are fixe
 the op's params, never chosen from the batch. Each split runs an online softmax over its tiles from a
 fresh state (m: running max in log2 units, lsum: sum of exp2, acc: exp2-weighted keys); the splits are
 merged in ascending order and the sink joins last. The decode path writes every split's state to memory
-(grid rows x head blocks x splits) and `merge_kernel` merges them; the prefill path (`fused_kernel`, grid
-rows x head blocks) runs the same helpers for every split in one program and merges in registers. Same
-arithmetic in the same order: a row's result depends on neither batch nor path.
+(grid rows x head blocks x 2 halves x splits) and `merge_kernel` merges them; the prefill path
+(`fused_kernel`, grid rows x head blocks x 2 halves) runs the same helpers for every split in one
+program and merges in registers. Same arithmetic in the same order: a row's result depends on neither
+batch nor path.
 
 Columns are handled as two halves, even and odd (c = 0 .. HEAD_DIM/2): a packed NVFP4 byte c holds key
 columns 2c (low nibble) and 2c+1 (high nibble), so a tile is decoded straight from one contiguous byte
-load without interleaving registers; q is loaded the same way and q.k = q_even.k_even + q_odd.k_odd. A
-key tile is decoded once per program for all BLOCK_H heads (the M side of both dots). Decoding is exact:
-E4M3 bytes times the UE8M0 power of two, and E2M1 codes read as f16 bit patterns (value / 2^14) times
-the E4M3 scale times 2^14. bf16/f16 queries meet bf16/f16 keys in tl.dot (exact products, f32
-accumulation); f32 queries use IEEE f32 dots (never TF32). Probabilities enter the P.V dot in the query
-dtype.
+load without interleaving registers, and q.k = q_even.k_even + q_odd.k_odd. A program owns one half of
+the output columns (grid axis 1 = head block x 2): it computes the full scores (both halves, in the same
+order in both programs, so both see the same m and lsum bits) and one P.V dot into a [BLOCK_H, HEAD_DIM/2]
+f32 accumulator; keeping both halves in one program spills registers at 512 columns. A key tile is decoded
+once per program for all BLOCK_H heads (the M side of both dots). Decoding is exact: E4M3 bytes times the
+UE8M0 power of two, and E2M1 codes read as f16 bit patterns (value / 2^14) times the E4M3 scale times
+2^14; scale bytes are loaded once per group and widened in registers. bf16/f16 queries meet bf16/f16 keys
+in tl.dot (exact products, f32 accumulation); f32 queries use IEEE f32 dots (never TF32). Probabilities
+enter the P.V dot in the query dtype. Softmax runs in log2 units (exp2, scale times log2 e).
 
 Loop trip counts are constexpr (SWA_TILES, SPLIT_TILES, NUM_SPLITS) with a guard per tile: Triton 3.6's
 interpreter cannot loop over a runtime bound with numpy 2 (it turns the bound into a 1-element array).
@@ -87,8 +91,9 @@ def low_dot_acc(a, b, acc, DOT: tl.constexpr):
 
 
 @triton.jit
-def online_update(q_e, q_o, k_e, k_o, valid, m, lsum, acc_e, acc_o, scale_log2, DOT: tl.constexpr):
-    """Fold one tile (key halves k_e, k_o [BLOCK_N, BLOCK_C] f32, valid [BLOCK_N]) into the state."""
+def online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT: tl.constexpr):
+    """Fold one tile (key halves k_e, k_o [BLOCK_N, BLOCK_C] f32, valid [BLOCK_N]) into the state of the
+    program's half of the columns (`parity`: 0 even, 1 odd): both halves give the scores, one the P.V."""
     k_e = k_e.to(q_e.dtype)
     k_o = k_o.to(q_o.dtype)
     s = low_dot_acc(q_o, tl.trans(k_o), low_dot(q_e, tl.trans(k_e), DOT), DOT)
@@ -98,22 +103,16 @@ def online_update(q_e, q_o, k_e, k_o, valid, m, lsum, acc_e, acc_o, scale_log2, 
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(s - m_use[:, None])
     lsum = lsum * alpha + tl.sum(p, axis=1)
-    p = p.to(q_e.dtype)
-    acc_e = low_dot_acc(p, k_e, acc_e * alpha[:, None], DOT)
-    acc_o = low_dot_acc(p, k_o, acc_o * alpha[:, None], DOT)
-    return m_new, lsum, acc_e, acc_o
+    acc = low_dot_acc(p.to(q_e.dtype), tl.where(parity == 0, k_e, k_o), acc * alpha[:, None], DOT)
+    return m_new, lsum, acc
 
 
 @triton.jit
-def merge_state(m, lsum, acc_e, acc_o, m_s, l_s, acc_se, acc_so):
-    """Fold a split's state (m_s, l_s, acc_se, acc_so) into the running state."""
+def merge_weights(m, m_s):
+    """(new max, weight of the running state, weight of the split's state) in log2 units."""
     m_new = tl.maximum(m, m_s)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    a = tl.exp2(m - m_use)
-    b = tl.exp2(m_s - m_use)
-    acc_e = acc_e * a[:, None] + acc_se * b[:, None]
-    acc_o = acc_o * a[:, None] + acc_so * b[:, None]
-    return m_new, lsum * a + l_s * b, acc_e, acc_o
+    return m_new, tl.exp2(m - m_use), tl.exp2(m_s - m_use)
 
 
 @triton.jit
@@ -126,9 +125,20 @@ def finish(m, lsum, acc, sink_log2):
 
 
 @triton.jit
+def group_scales(at, rows, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr,
+                 SPAN: tl.constexpr):  # fmt: skip
+    """Scale bytes at[n, g] (g < GROUPS) spread over half-columns c = g*SPAN .. (g+1)*SPAN - 1: one load per
+    group, widened in registers -> [BLOCK_N, BLOCK_C] bytes (0 past the last group or where not `rows`)."""
+    G: tl.constexpr = BLOCK_C // SPAN
+    g = tl.arange(0, G)
+    byte = tl.load(at + g[None, :], mask=rows[:, None] & (g < GROUPS)[None, :], other=0)
+    return tl.reshape(tl.broadcast_to(byte[:, :, None], (BLOCK_N, G, SPAN)), (BLOCK_N, BLOCK_C))
+
+
+@triton.jit
 def swa_tile(
     kv_ptr, ring_ptr, tile, t, p, start, first, slot, real, c, cmask, num_rows, ring_len,
-    WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """SWA keys j = tile*BLOCK_N .. of row t (position p - window + 1 + j): this chunk's kv row t - (p - pos)
     when pos >= seq_start, else ring[slot, pos % R]: (even half, odd half [BLOCK_N, BLOCK_C] f32, valid);
@@ -144,9 +154,10 @@ def swa_tile(
     even = tl.load(chunk, mask=mask, other=0.0).to(tl.float32)
     odd = tl.load(chunk + 1, mask=mask, other=0.0).to(tl.float32)
     ring_row = slot.to(tl.int64) * ring_len + tl.maximum(pos, 0) % ring_len
-    mask = (valid & (pos < start))[:, None] & cmask[None, :]
+    from_ring = valid & (pos < start)
+    mask = from_ring[:, None] & cmask[None, :]
     entry = ring_ptr + (ring_row * (HEAD_DIM + HEAD_DIM // 32))[:, None]
-    scale = e8m0_to_f32(tl.load(entry + HEAD_DIM + c[None, :] // 16, mask=mask, other=127))
+    scale = e8m0_to_f32(group_scales(entry + HEAD_DIM, from_ring, BLOCK_N, BLOCK_C, HEAD_DIM // 32, 16))
     ring_even = e4m3_to_f32(tl.load(entry + 2 * c[None, :], mask=mask, other=0)) * scale
     ring_odd = e4m3_to_f32(tl.load(entry + 2 * c[None, :] + 1, mask=mask, other=0)) * scale
     pick = in_chunk[:, None]
@@ -156,7 +167,7 @@ def swa_tile(
 @triton.jit
 def pool_tile(
     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size, table_width,
-    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Selected entries g = topk[t, j] (j = tile*BLOCK_N ..) decoded from pool[table[s, g // bs], g % bs]:
     (even half, odd half [BLOCK_N, BLOCK_C] f32, valid [BLOCK_N]); absent (-1) or unplaceable entries
@@ -171,7 +182,8 @@ def pool_tile(
     entry = pool_ptr + (row * (HEAD_DIM // 2 + HEAD_DIM // 16))[:, None]
     mask = valid[:, None] & cmask[None, :]
     packed = tl.load(entry + c[None, :], mask=mask, other=0).to(tl.int32)
-    scale = e4m3_to_f32(tl.load(entry + HEAD_DIM // 2 + c[None, :] // 8, mask=mask, other=0)) * 16384.0
+    scale = group_scales(entry + HEAD_DIM // 2, valid, BLOCK_N, BLOCK_C, HEAD_DIM // 16, 8)
+    scale = e4m3_to_f32(scale) * 16384.0
     return e2m1_scaled(packed & 15, scale), e2m1_scaled(packed >> 4, scale), valid
 
 
@@ -189,21 +201,20 @@ def load_q(q_ptr, t, hb, num_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexp
 
 @triton.jit
 def split_state(
-    q_e, q_o, c, cmask, split, t,
+    q_e, q_o, c, cmask, parity, split, t,
     kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
     num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Online-softmax state (m, lsum, acc even, acc odd) of row t's heads over one split, fresh start:
+    """Online-softmax state (m, lsum, acc of the `parity` half) of row t's heads over one split, fresh:
     split 0 is every SWA tile, split 1 + i the pool tiles i*SPLIT_TILES .. (i+1)*SPLIT_TILES - 1."""
     seq = tl.load(seq_ptr + t)
     real = seq >= 0
     s = tl.maximum(seq, 0)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_H], tl.float32)
-    acc_e = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-    acc_o = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     SWA_TILES: tl.constexpr = (WINDOW + BLOCK_N - 1) // BLOCK_N
     if split == 0:
         p = tl.load(pos_ptr + t)
@@ -213,10 +224,9 @@ def split_state(
         for tile in range(SWA_TILES):
             k_e, k_o, valid = swa_tile(
                 kv_ptr, ring_ptr, tile, t, p, start, first, slot, real, c, cmask, num_rows, ring_len,
-                WINDOW, HEAD_DIM, BLOCK_N,
+                WINDOW, HEAD_DIM, BLOCK_N, BLOCK_C,
             )  # fmt: skip
-            m, lsum, acc_e, acc_o = online_update(q_e, q_o, k_e, k_o, valid, m, lsum, acc_e, acc_o,
-                                                  scale_log2, DOT)  # fmt: skip
+            m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
     elif HAS_POOL:
         for i in range(SPLIT_TILES):
             tile = (split - 1) * SPLIT_TILES + i
@@ -224,11 +234,10 @@ def split_state(
             if tile * BLOCK_N < topk_width:
                 k_e, k_o, valid = pool_tile(
                     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size,
-                    table_width, num_blocks, HEAD_DIM, BLOCK_N,
+                    table_width, num_blocks, HEAD_DIM, BLOCK_N, BLOCK_C,
                 )  # fmt: skip
-                m, lsum, acc_e, acc_o = online_update(q_e, q_o, k_e, k_o, valid, m, lsum, acc_e, acc_o,
-                                                      scale_log2, DOT)  # fmt: skip
-    return m, lsum, acc_e, acc_o
+                m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
+    return m, lsum, acc
 
 
 @triton.jit
@@ -241,35 +250,34 @@ def split_kernel(
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
     DOT: tl.constexpr,
 ):  # fmt: skip
-    """Decode path, grid (rows, head blocks, splits): a split's m, lsum [T, splits, H] and acc [.., D]
-    (even half then odd half)."""
+    """Decode path, grid (rows, head blocks x 2 halves, splits): a split's m, lsum [T, splits, H] (from the
+    even program; the odd one computes the same bits) and acc [.., D] (even half, then odd half)."""
     t = tl.program_id(0)
     split = tl.program_id(2)
-    h, hmask, c, cmask, q_e, q_o = load_q(q_ptr, t, tl.program_id(1), num_heads, HEAD_DIM, BLOCK_H, BLOCK_C)
-    m, lsum, acc_e, acc_o = split_state(
-        q_e, q_o, c, cmask, split, t,
+    parity = tl.program_id(1) % 2
+    h, hmask, c, cmask, q_e, q_o = load_q(q_ptr, t, tl.program_id(1) // 2, num_heads, HEAD_DIM, BLOCK_H,
+                                          BLOCK_C)  # fmt: skip
+    m, lsum, acc = split_state(
+        q_e, q_o, c, cmask, parity, split, t,
         kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
         num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
         WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
     )  # fmt: skip
     state = (t.to(tl.int64) * NUM_SPLITS + split) * num_heads + h
-    tl.store(m_ptr + state, m, mask=hmask)
-    tl.store(l_ptr + state, lsum, mask=hmask)
-    at = acc_ptr + (state * HEAD_DIM)[:, None] + c[None, :]
-    mask = hmask[:, None] & cmask[None, :]
-    tl.store(at, acc_e, mask=mask)
-    tl.store(at + HEAD_DIM // 2, acc_o, mask=mask)
+    tl.store(m_ptr + state, m, mask=hmask & (parity == 0))
+    tl.store(l_ptr + state, lsum, mask=hmask & (parity == 0))
+    at = acc_ptr + (state * HEAD_DIM + parity * (HEAD_DIM // 2))[:, None] + c[None, :]
+    tl.store(at, acc, mask=hmask[:, None] & cmask[None, :])
 
 
 @triton.jit
-def store_out(out_ptr, t, h, hmask, c, cmask, m, lsum, acc_e, acc_o, sink_ptr, num_heads,
+def store_out(out_ptr, t, h, hmask, c, cmask, parity, m, lsum, acc, sink_ptr, num_heads,
               HEAD_DIM: tl.constexpr):  # fmt: skip
-    """Join the sink, divide, write the even and odd columns of row t's heads h."""
+    """Join the sink, divide, write the `parity` columns (2c + parity) of row t's heads h."""
     sink = tl.load(sink_ptr + h, mask=hmask, other=0.0) * LOG2E
-    at = out_ptr + ((t.to(tl.int64) * num_heads + h) * HEAD_DIM)[:, None] + 2 * c[None, :]
-    mask = hmask[:, None] & cmask[None, :]
-    tl.store(at, finish(m, lsum, acc_e, sink).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(at + 1, finish(m, lsum, acc_o, sink).to(out_ptr.dtype.element_ty), mask=mask)
+    at = out_ptr + ((t.to(tl.int64) * num_heads + h) * HEAD_DIM)[:, None] + 2 * c[None, :] + parity
+    out = finish(m, lsum, acc, sink).to(out_ptr.dtype.element_ty)
+    tl.store(at, out, mask=hmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -295,8 +303,12 @@ def merge_kernel(
         at = acc_ptr + (state * HEAD_DIM)[:, None] + c[None, :]
         acc_se = tl.load(at, mask=mask, other=0.0)
         acc_so = tl.load(at + HEAD_DIM // 2, mask=mask, other=0.0)
-        m, lsum, acc_e, acc_o = merge_state(m, lsum, acc_e, acc_o, m_s, l_s, acc_se, acc_so)
-    store_out(out_ptr, t, h, hmask, c, cmask, m, lsum, acc_e, acc_o, sink_ptr, num_heads, HEAD_DIM)
+        m, a, b = merge_weights(m, m_s)
+        lsum = lsum * a + l_s * b
+        acc_e = acc_e * a[:, None] + acc_se * b[:, None]
+        acc_o = acc_o * a[:, None] + acc_so * b[:, None]
+    store_out(out_ptr, t, h, hmask, c, cmask, 0, m, lsum, acc_e, sink_ptr, num_heads, HEAD_DIM)
+    store_out(out_ptr, t, h, hmask, c, cmask, 1, m, lsum, acc_o, sink_ptr, num_heads, HEAD_DIM)
 
 
 @triton.jit
@@ -309,19 +321,23 @@ def fused_kernel(
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
     DOT: tl.constexpr,
 ):  # fmt: skip
-    """Prefill path, grid (rows, head blocks): every split of the row in one program, merged as it goes."""
+    """Prefill path, grid (rows, head blocks x 2 halves): every split of the row in one program, merged
+    as it goes."""
     t = tl.program_id(0)
-    h, hmask, c, cmask, q_e, q_o = load_q(q_ptr, t, tl.program_id(1), num_heads, HEAD_DIM, BLOCK_H, BLOCK_C)
+    parity = tl.program_id(1) % 2
+    h, hmask, c, cmask, q_e, q_o = load_q(q_ptr, t, tl.program_id(1) // 2, num_heads, HEAD_DIM, BLOCK_H,
+                                          BLOCK_C)  # fmt: skip
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     lsum = tl.zeros([BLOCK_H], tl.float32)
-    acc_e = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
-    acc_o = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], tl.float32)
     for split in range(NUM_SPLITS):
-        m_s, l_s, acc_se, acc_so = split_state(
-            q_e, q_o, c, cmask, split, t,
+        m_s, l_s, acc_s = split_state(
+            q_e, q_o, c, cmask, parity, split, t,
             kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr,
             topk_ptr, num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
             WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
         )  # fmt: skip
-        m, lsum, acc_e, acc_o = merge_state(m, lsum, acc_e, acc_o, m_s, l_s, acc_se, acc_so)
-    store_out(out_ptr, t, h, hmask, c, cmask, m, lsum, acc_e, acc_o, sink_ptr, num_heads, HEAD_DIM)
+        m, a, b = merge_weights(m, m_s)
+        lsum = lsum * a + l_s * b
+        acc = acc * a[:, None] + acc_s * b[:, None]
+    store_out(out_ptr, t, h, hmask, c, cmask, parity, m, lsum, acc, sink_ptr, num_heads, HEAD_DIM)
