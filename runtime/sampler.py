@@ -98,7 +98,8 @@ class Sampler:
         args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
         args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
         out = run_program(self.verify_programs[(n, seqs)], args)
-        return out["num_accepted"], out["token"], out["logprob"]
+        # decided on the device; the small results come back to the host in one go per step
+        return out["num_accepted"].cpu(), out["token"].cpu(), out["logprob"].cpu()
 
     def sample(
         self,
@@ -114,4 +115,5 @@ class Sampler:
         if n not in self.programs:
             self.programs[n] = lower(specialize(self.graph, {"outs": n}), "cpu")
         out = run_program(self.programs[n], args)
-        return Samples(out["token"], out["logprob"], out["top_logprobs"], out["top_ids"])
+        # sampled on the device; the small results come back to the host (detokenization, scheduling)
+        return Samples(*(out[k].cpu() for k in ("token", "logprob", "top_logprobs", "top_ids")))

@@ -85,4 +85,7 @@ class DraftRunner:
             out = self.device_programs[seqs].run(args)
         else:
             out = run_program(program, args)
-        return DraftOutput(out["draft_tokens"][:n], out["draft_logprobs"][:n], out["confidence"][:n])
+        # tokens and confidences go to the host (the scheduler plans with them); log-probs stay in the pool
+        return DraftOutput(
+            out["draft_tokens"][:n].cpu(), out["draft_logprobs"][:n], out["confidence"][:n].cpu()
+        )

@@ -64,3 +64,17 @@ def test_bench_steps_run_on_the_tiny_model(tmp_path: Path) -> None:
     fill_caches(session)
     logits = session.run(decode_step(model, 3, 90))
     assert logits.shape == (3, cfg.text.vocab_size) and bool(torch.isfinite(logits).all())
+
+
+def test_meta_weights_match_the_random_ones(tmp_path: Path) -> None:
+    from dsgraph.tools.bench.weights_gpu import meta_serving_weights
+
+    model_dir = fx.checkpoint("tiny", str(tmp_path))
+    cfg = fx.config(model_dir, None)
+    token_map, _ = build_token_map(load_tokenizer(model_dir))
+    for dspark in (False, True):
+        got = random_serving_weights(cfg, token_map, device="cpu", dspark=dspark)
+        meta = meta_serving_weights(cfg, dspark=dspark)
+        assert {k: (tuple(v.shape), v.dtype) for k, v in meta.items()} == {
+            k: (tuple(v.shape), v.dtype) for k, v in got.items()
+        }

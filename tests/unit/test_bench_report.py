@@ -66,3 +66,14 @@ def test_pareto_svg_is_well_formed() -> None:
     assert xs == sorted(xs) and len(xs) == 3
     empty = ET.fromstring(pareto_svg([], "tokens_per_s_per_gpu", "decode"))
     assert "no data" in "".join(empty.itertext())
+
+
+def test_drafter_weights_are_not_decode_traffic() -> None:
+    import torch
+
+    from dsgraph.tools.bench.traffic import weight_bytes
+
+    model = make_model(bench_config(), 9000)
+    dense = {"layers.0.attn.wkv.weight": torch.empty(512, 5120, dtype=torch.float8_e4m3fn, device="meta")}
+    with_mtp = {**dense, "mtp.0.main_proj.weight": torch.empty(5120, 15360, dtype=torch.uint8, device="meta")}
+    assert weight_bytes(model, dense, 1) == weight_bytes(model, with_mtp, 1) == 512 * 5120

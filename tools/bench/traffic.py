@@ -32,6 +32,8 @@ def weight_bytes(model: V41Model, weights: Mapping[str, Tensor], tokens: int) ->
     rows_per_token = (t.engram_max_ngram_size - 1) * t.engram_n_heads
     total = 0.0
     for name, w in weights.items():
+        if name.startswith("mtp."):  # the drafter's weights: not read by a target decode step
+            continue
         nbytes = w.numel() * w.element_size()
         if _ROUTED.fullmatch(name):
             total += nbytes * hit

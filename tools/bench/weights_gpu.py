@@ -60,3 +60,29 @@ def random_serving_weights(
     _stack(out, experts)
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)
     return out
+
+
+def meta_serving_weights(cfg: ModelConfig, *, dspark: bool = False) -> dict[str, Tensor]:
+    """The same names, shapes and dtypes as `random_serving_weights`, as meta tensors (no memory): what
+    the traffic model needs to re-derive bytes from a saved run."""
+    out: dict[str, Tensor] = {}
+    experts: dict[tuple[str, str], list[Stored]] = {}
+    specs = expected_tensors(cfg)
+    for name, spec in specs.items():
+        if spec.kind is TensorKind.SCALE or (name.startswith("mtp.") and not dspark):
+            continue
+        t = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device="meta")
+        s = None
+        if spec.kind is not TensorKind.PLAIN:
+            scale = specs[scale_name(name)]
+            s = torch.empty(scale.shape, dtype=torch_dtype(scale.dtype), device="meta")
+        m = _EXPERT.fullmatch(name)
+        if m is None:
+            out[name] = t
+            if s is not None:
+                out[scale_name(name)] = s
+        else:
+            experts.setdefault((m[1], m[3]), []).append((t, s))
+    _stack(out, experts)
+    out["engram.token_map"] = torch.empty(cfg.text.vocab_size, dtype=torch.int32, device="meta")
+    return out
