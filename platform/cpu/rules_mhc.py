@@ -42,10 +42,34 @@ def hc_collapse(p: Any, x: Tensor, a: Tensor) -> Tensor:
     return (a.unsqueeze(-1) * x.float()).sum(1).to(to_torch(p.out_dtype))
 
 
+# Token rows per hc_expand chunk: a chunk's f32 [rows, n, H] temporaries hold at most this many elements
+# (256 MiB each), so the rule's extra memory stays bounded whatever the token count (a 64k-token prefill
+# would otherwise build f32 products of the whole step).
+EXPAND_CHUNK_ELEMENTS = 1 << 26
+
+
+def _expand_rows(y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """hc_expand of a few token rows. The sum over input streams i of comb[i, j] x_i runs from 0 in
+    increasing i, one [rows, n_out, H] product at a time: the order torch's sum over that dim takes for
+    n <= 4 (bit-equal), without the [rows, n_in, n_out, H] product tensor (8n times the output's bytes)."""
+    mixed = torch.zeros((x.shape[0], x.shape[1], x.shape[2]), dtype=torch.float32, device=x.device)
+    for i in range(x.shape[1]):
+        mixed += comb[:, i, :, None] * x[:, i, None, :].float()
+    update = post.unsqueeze(-1) * y.float().unsqueeze(1)  # [rows, n_out, H]
+    return torch.add(update, mixed, out=mixed).to(x.dtype)
+
+
 def hc_expand(_p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tensor:
-    update = post.unsqueeze(-1) * y.float().unsqueeze(1)  # [tokens, n_out, H]
-    mixed = (comb.unsqueeze(-1) * x.float().unsqueeze(2)).sum(1)  # sum over input streams i of comb[i, j] x_i
-    return (update + mixed).to(x.dtype)
+    tokens, n, hidden = x.shape
+    rows = max(1, EXPAND_CHUNK_ELEMENTS // max(1, n * hidden))
+    if tokens <= rows:
+        return _expand_rows(y, x, post, comb)
+    # Row chunks: every op is per token, so chunking changes no value.
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for start in range(0, tokens, rows):
+        part = slice(start, start + rows)
+        out[part] = _expand_rows(y[part], x[part], post[part], comb[part])
+    return out
 
 
 RULES: dict[str, Any] = {"hc_pre": hc_pre, "hc_collapse": hc_collapse, "hc_expand": hc_expand}

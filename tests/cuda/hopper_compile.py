@@ -1,22 +1,35 @@
-"""Compile H5c's Triton kernels (attention, indexer, cache writes) for Hopper (sm_90) without a GPU.
+"""Compile the Triton kernels (attention, indexer, cache writes; the fused small ops: mHC, RMSNorm, RoPE,
+activation/cache quantization) for Hopper (sm_90) without a GPU.
 
 Triton's interpreter, which runs the kernel tests on CPU machines, accepts code the compiler refuses;
 this script runs the real front end and back end (down to PTX and cubin with the ptxas Triton ships).
 It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted functions), so
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
+The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
 Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512)
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dsgraph.platform.cuda.kernels import attention_tl, cache_tl, indexer_tl
+from dsgraph.platform.cuda.kernels import (
+    attention_tl,
+    cache_tl,
+    indexer_tl,
+    mhc_tl,
+    moe_tl,
+    norm_rope_tl,
+    quant_act_tl,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
 HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may take on sm_90
@@ -24,12 +37,14 @@ STEP = ("pos_ptr", "seq_ptr", "slot_ptr", "start_ptr", "first_ptr", "table_ptr",
 SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "block_size", "table_width", "topk_width")
 
 
-def _compile(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int) -> None:
+def _compile(
+    fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int, fusion: bool = True
+) -> Any:
     signature = {**types, **{name: "constexpr" for name in constexprs}}
     kernel = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=constexprs),
         target=HOPPER,
-        options={"num_warps": num_warps},
+        options={"num_warps": num_warps, "enable_fp_fusion": fusion},
     )
     if kernel.metadata.shared > HOPPER_SHARED_BYTES:
         raise SystemExit(
@@ -37,6 +52,27 @@ def _compile(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_war
             f"expected <= {HOPPER_SHARED_BYTES} (an sm_90 block's limit): it would fail at launch"
         )
     print(f"{fn.__name__}: ok, {kernel.metadata.shared} B shared", flush=True)
+    return kernel
+
+
+def _without_spills(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int = 4) -> None:
+    """Compile as the fused rules launch (fp-fusion off) and fail when ptxas reports spill stores."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    kernel = _compile(fn, types, constexprs, num_warps, fusion=False)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as src:
+        src.write(kernel.asm["ptx"])
+        src.flush()
+        cmd = [get_ptxas(90).path, "-v", "--fmad=false", "--gpu-name=sm_90a", src.name, "-o", src.name + ".o"]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
+    registers = re.findall(r"Used (\d+) registers", log)
+    print(
+        f"  {fn.__name__}: {registers[-1] if registers else '?'} registers, {spills} B spill stores",
+        flush=True,
+    )
+    if spills:
+        raise SystemExit(f"{fn.__name__} {constexprs}: {spills} B of register spill stores, expected none")
 
 
 def _attention(head_dim: int, dtype: str) -> None:
@@ -87,12 +123,85 @@ def _cache() -> None:
     _compile(cache_tl.compress_state_kernel, state, dict(WIDTH=512, BLOCK=512), 4)
 
 
+def _fused() -> None:
+    """The decode shapes: hidden 5120, hc_mult 4, head 512 with rope 64, index head 128."""
+    import triton.language as tl
+
+    from dsgraph.platform.cuda.kernels import mhc, norm_rope
+
+    f32, bf16 = "*fp32", "*bf16"
+    part = {"x_ptr": bf16, "fn_ptr": f32, "part_ptr": f32}
+    tiles = dict(K=4 * 5120, R=24, RP=32, SPLIT=mhc.SPLIT, BLOCK_K=mhc.BLOCK_K)
+    _without_spills(mhc_tl.hc_pre_partial_kernel, part, tiles, mhc.NUM_WARPS)
+    pre = {"part_ptr": f32, "base_ptr": f32, "scale_ptr": f32, "pre_ptr": f32, "post_ptr": f32}
+    pre |= {"comb_ptr": f32, "eps": "fp32", "norm_eps": "fp32"}
+    meta = dict(K=4 * 5120, S=4 * 5120 // mhc.SPLIT, RP=32, N=4, NP=4, ITERS=20)
+    _without_spills(mhc_tl.hc_pre_kernel, pre, meta, mhc.NUM_WARPS)
+    hc = dict(N=4, BLOCK=mhc.BLOCK_H, OUT=tl.bfloat16)
+    collapse = {"x_ptr": bf16, "a_ptr": f32, "out_ptr": bf16, "H": "i32"}
+    _without_spills(mhc_tl.hc_collapse_kernel, collapse, hc)
+    for x in (bf16, f32):
+        expand = {"y_ptr": bf16, "x_ptr": x, "post_ptr": f32, "comb_ptr": f32, "out_ptr": x, "H": "i32"}
+        _without_spills(
+            mhc_tl.hc_expand_kernel, expand, {**hc, "OUT": tl.float32 if x == f32 else tl.bfloat16}
+        )
+    norm = {"x_ptr": bf16, "w_ptr": bf16, "out_ptr": bf16, "eps": "fp32"}
+    _without_spills(
+        norm_rope_tl.rms_norm_kernel, norm, dict(D=5120, BLOCK=norm_rope.NORM_BLOCK, OUT=tl.bfloat16)
+    )
+    rope = {"x_ptr": bf16, "pos_ptr": "*i32", "freq_ptr": f32, "out_ptr": bf16, "heads": "i32"}
+    meta = dict(D=512, ROPE=64, INVERSE=False, BLOCK_H=norm_rope.ROPE_BLOCK_H, BLOCK_D=512, BLOCK_P=32)
+    meta["OUT"] = tl.bfloat16
+    _without_spills(norm_rope_tl.rope_kernel, rope, meta)
+    for fmt, (group, width) in enumerate(((32, 512), (32, 128), (16, 512), (16, 512))):
+        shape = dict(D=width, FMT=fmt, GROUP=group, BLOCK_G=16)
+        _without_spills(
+            quant_act_tl.qdq_kernel, {"x_ptr": bf16, "out_ptr": bf16}, {**shape, "OUT": tl.bfloat16}
+        )
+        entry = width + width // 32 if fmt == 0 else width // 2 + width // group
+        _without_spills(
+            quant_act_tl.encode_kernel, {"x_ptr": bf16, "out_ptr": "*u8"}, {**shape, "ENTRY": entry}
+        )
+
+
+def _moe() -> None:
+    """V4.1's MoE at its widths: 384 experts of 2304 x 5120 (MXFP4), top-6; W4A8 with BF16 GEMM outputs."""
+    import triton.language as tl
+
+    from dsgraph.platform.cuda.kernels import linear_tl
+    from dsgraph.platform.cuda.kernels import moe as rule
+
+    ints = ("ids_ptr", "scratch_ptr", "token_ptr", "position_ptr", "tile_expert_ptr", "tile_start_ptr")
+    plan = {**{name: "*i32" for name in ints}, "tile_end_ptr": "*i32", "weights_ptr": "*fp32"}
+    plan |= {"route_ptr": "*fp32", "num_pairs": "i32", "num_experts": "i32", "num_tiles": "i32"}
+    meta = dict(TOPK=6, BLOCK_M=rule.GATED_TILES[0], E_PAD=512, BLOCK_P=moe_tl.PLAN_BLOCK_P)
+    _compile(moe_tl.plan_kernel, plan, {**meta, "BLOCK_T": moe_tl.PLAN_BLOCK_T}, moe_tl.PLAN_WARPS)
+    for y in ("*bf16", "*fp32"):
+        combine = {"y_ptr": y, "ids_ptr": "*i32", "position_ptr": "*i32", "out_ptr": "*fp32"}
+        meta = dict(TOPK=6, BLOCK_K=8, BLOCK_H=moe_tl.COMBINE_BLOCK_H)
+        _compile(moe_tl.combine_kernel, {**combine, "num_experts": "i32", "hidden": "i32"}, meta, 4)
+    tiles = {"tile_expert_ptr": "*i32", "tile_start_ptr": "*i32", "tile_end_ptr": "*i32"}
+    sizes = {"num_experts": "i32", "a_stride": "i32", "limit": "fp32"}
+    for (n, k), a, gated, out in (
+        ((2304, 5120), "*bf16", True, "*fp32"),
+        ((5120, 2304), "*fp32", False, "*bf16"),
+    ):
+        gemm = {"a_ptr": a, "a_rows_ptr": "*i32", "w_ptr": "*i8", "s_ptr": "*u8", "v_ptr": "*i8"}
+        gemm |= {"vs_ptr": "*u8", "route_ptr": "*fp32", **tiles, "out_ptr": out, **sizes}
+        block_m, block_n, warps, _ = rule.GATED_TILES if gated else rule.DOWN_TILES
+        meta = dict(N_SIZE=n, K_SIZE=k, W_ROW_LEN=k // 2, FP4=True, GATED=gated, DOT_KIND=linear_tl.DOT_FP8)
+        meta |= dict(GEMM_DTYPE=tl.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n, GATHER=gated)
+        _compile(moe_tl.expert_gemm_kernel, gemm, meta, warps)
+
+
 def main(argv: list[str]) -> int:
     head_dim = int(argv[1]) if len(argv) > 1 else 512  # the real width: shared-memory limits show there
     for dtype in ("bf16", "fp32"):
         _attention(head_dim, dtype)
         _indexer(dtype)
     _cache()
+    _fused()
+    _moe()
     return 0
 
 

@@ -13,7 +13,10 @@ Tolerances:
   flip bf16 and FP8 rounding points of the cpu rule's path now and then; one flip moves a term by 2^-4
   at most) and 2^-10 under the interpreter, where with bf16 GEMM outputs at least 95% of the elements
   must also be bit-equal (its dots are exact FP32 ones and the bf16 rounding absorbs the FP32 summation
-  order, so a missed rounding point shows).
+  order, so a missed rounding point shows);
+- the plan kernel (pairs sorted by expert, tile table): equal to a by-hand stable sort;
+- the combine kernel: bit-equal to the cpu rule's combine (index_add_ of each expert in increasing id,
+  in FP32, rounded once), and every row bit-identical whatever the batch around it.
 """
 
 from __future__ import annotations
@@ -277,13 +280,196 @@ def test_fp4_dequantization_layout_matches_cpu() -> None:
     assert ((got - act @ dense[2].t()).abs() <= bound).all()
 
 
+def _plan_reference(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, block_m: int) -> dict:
+    """The plan by hand: pairs in (expert, pair index) order, padding and bad ids last; tiles per expert."""
+    flat = ids.reshape(-1).tolist()
+    key = [e if 0 <= e < num_experts else num_experts for e in flat]
+    order = sorted(range(len(flat)), key=lambda q: (key[q], q))
+    position = [0] * len(flat)
+    for place, q in enumerate(order):
+        position[q] = place
+    tiles = []
+    for e in range(num_experts):
+        first, count = sum(k < e for k in key), key.count(e)
+        tiles += [(e, first + i, first + count) for i in range(0, count, block_m)]
+    num_tiles = -(-len(flat) // block_m) + min(num_experts, len(flat))
+    real = len(tiles)
+    return {
+        "token": [q // ids.shape[1] for q in order],
+        "route": weights.reshape(-1)[order],
+        "position": position,
+        "tiles": tiles,
+        "tile_expert": [t[0] for t in tiles] + [num_experts] * (num_tiles - real),
+        "real_tiles": real,
+    }
+
+
+@pytest.mark.parametrize("block_p", [None, 16])
+@pytest.mark.parametrize(
+    ("rows", "k", "num_experts", "block_m"), [(1, 1, 1, 64), (9, 3, 5, 4), (70, 6, 20, 8)]
+)
+def test_plan_sorts_pairs_stably_by_expert(
+    monkeypatch: pytest.MonkeyPatch, block_p: int | None, rows: int, k: int, num_experts: int, block_m: int
+) -> None:
+    """The plan kernel against a by-hand stable sort; block_p 16 walks the pairs in several blocks."""
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    if block_p is not None:
+        monkeypatch.setattr(moe_tl, "PLAN_BLOCK_P", block_p)
+    gen = torch.Generator().manual_seed(rows)
+    ids = torch.randint(-1, num_experts, (rows, k), generator=gen, dtype=torch.int32)
+    if rows > 2:
+        ids[: rows // 2, 0] = num_experts - 1  # one expert with many pairs: several tiles
+        ids[1, -1] = num_experts + 3  # out of range: treated as padding (the host check is separate)
+    weights = torch.rand(rows, k, generator=gen)
+    got = {key: t.cpu() for key, t in cuda_moe._plan(*_dev((ids, weights)), num_experts, block_m).items()}
+    want = _plan_reference(ids, weights, num_experts, block_m)
+    assert got["token"].tolist() == want["token"]
+    assert torch.equal(got["route"], want["route"])
+    assert got["position"].tolist() == want["position"]
+    assert got["tile_expert"].tolist() == want["tile_expert"]
+    real = want["real_tiles"]
+    table = list(zip(got["tile_expert"][:real].tolist(), got["tile_start"][:real].tolist(),
+                     got["tile_end"][:real].tolist(), strict=True))  # fmt: skip
+    assert table == want["tiles"]
+
+
+def _cpu_combine(y_pairs: torch.Tensor, ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The cpu rule's combine step: index_add_ of each expert's pairs, experts in increasing id."""
+    out = torch.zeros((ids.shape[0], y_pairs.shape[-1]), dtype=torch.float32)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        rows, slots = torch.nonzero(ids == e, as_tuple=True)
+        out.index_add_(0, rows, y_pairs[rows, slots].float())
+    return out.to(out_dtype)
+
+
+def _run_combine(
+    y_pairs: torch.Tensor, ids: torch.Tensor, num_experts: int, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """The combine kernel on y laid out in the plan's sorted places (padding places hold NaN)."""
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    plan = cuda_moe._plan(*_dev((ids, torch.ones(ids.shape))), num_experts, 64)
+    position = plan["position"].cpu().long()
+    y = torch.full((ids.numel(), y_pairs.shape[-1]), float("nan"), dtype=y_pairs.dtype)
+    real = (ids.reshape(-1) >= 0) & (ids.reshape(-1) < num_experts)
+    y[position[real]] = y_pairs.reshape(ids.numel(), -1)[real]  # padding places stay NaN: never read
+    out = torch.empty((ids.shape[0], y_pairs.shape[-1]), dtype=out_dtype, device=DEVICE)
+    moe_tl.launch_combine(y.to(DEVICE), ids.to(DEVICE), plan["position"], num_experts, out)
+    return out.cpu()
+
+
 def test_combine_adds_a_rows_experts_in_increasing_id_order() -> None:
     """((0 + 1) + 2^-24) + 2^-24 is 1 in FP32 (ties to even); another order would give 1 + 2^-23."""
     ids = torch.tensor([[2, 0, 1], [1, 2, -1]], dtype=torch.int32)
-    plan = cuda_moe._sort_pairs(ids.to(DEVICE), 3, 64)
     by_expert = torch.tensor([1.0, 2.0**-24, 2.0**-24])
-    flat = ids.reshape(-1).long()
-    y_pairs = torch.where(flat >= 0, by_expert[flat.clamp_min(0)], float("nan"))  # padding must not be read
-    y = y_pairs.to(DEVICE)[plan["order"]][:, None]
-    out = cuda_moe._combine(y, plan["row_positions"], plan["real_pairs"]).cpu()
+    y_pairs = by_expert[ids.clamp_min(0).long()][..., None]
+    out = _run_combine(y_pairs, ids, 3, torch.float32)
     assert out[:, 0].tolist() == [1.0, 2.0**-23]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("y_dtype", [torch.float32, torch.bfloat16])
+def test_combine_is_bit_equal_to_the_cpu_rules_sum(y_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    """Random expert outputs of mixed magnitudes (so the order shows), repeated ids, padding, -0."""
+    gen = torch.Generator().manual_seed(3)
+    rows, k, num_experts, hidden = 10, 6, 9, 1100  # hidden above one 1024-column block
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:k] for _ in range(rows)]).to(torch.int32)
+    ids[2, 1:3], ids[4, 0], ids[5, :] = -1, ids[4, 3], -1  # padding, a repeated id, a row of padding only
+    y = torch.randn(rows, k, hidden, generator=gen) * torch.exp2(
+        torch.randint(-12, 10, (rows, k, 1), generator=gen)
+    )
+    y[7, :, :10] = -0.0
+    y = y.to(y_dtype)
+    got = _run_combine(y, ids, num_experts, out_dtype)
+    want = _cpu_combine(y, ids, out_dtype)
+    bits = torch.int32 if out_dtype == torch.float32 else torch.int16
+    assert torch.equal(got.view(bits), want.view(bits))
+    assert not torch.signbit(got[5]).any() and not torch.signbit(got[7, :10]).any()
+
+
+def test_moe_experts_equals_the_cpu_rule_combine_of_its_pair_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole rule: its result is the cpu rule's combine of the w2 GEMM's outputs (captured)."""
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    gen = torch.Generator().manual_seed(11)
+    rows, hidden, inter, num_experts, k = 20, 64, 64, 5, 3
+    p = SimpleNamespace(
+        swiglu_limit=3.0,
+        weight_format="mxfp4_rows",
+        act_quant="fp8_g32",
+        out_dtype="bf16",
+        gemm_out_dtype="bf16",
+    )
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    ids, weights = _routing(rows, num_experts, k, gen)
+    ws = _dev(_expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen))
+    seen = {}
+    combine = moe_tl.launch_combine
+
+    def spy(y: torch.Tensor, ids: torch.Tensor, position: torch.Tensor, num: int, out: torch.Tensor) -> None:
+        seen.update(y=y.cpu(), position=position.cpu())
+        combine(y, ids, position, num, out)
+
+    monkeypatch.setattr(moe_tl, "launch_combine", spy)
+    got = cuda_moe.moe_experts(p, *_dev((x, ids, weights)), *ws).cpu()
+    y_pairs = seen["y"][seen["position"].long()].reshape(rows, k, hidden)
+    assert torch.equal(got.view(torch.int16), _cpu_combine(y_pairs, ids, torch.bfloat16).view(torch.int16))
+
+
+def test_moe_experts_rows_are_batch_invariant_across_plan_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 8-pair plan blocks a row's pairs land in other blocks and places as the batch changes (subsets,
+    reversed order); its result must not change by a bit."""
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    monkeypatch.setattr(moe_tl, "PLAN_BLOCK_P", 8)
+    gen = torch.Generator().manual_seed(5)
+    rows, hidden, inter, num_experts, k = 12, 32, 32, 4, 2
+    p = SimpleNamespace(
+        swiglu_limit=3.0,
+        weight_format="mxfp4_rows",
+        act_quant="fp8_g32",
+        out_dtype="f32",
+        gemm_out_dtype="bf16",
+    )
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    ids, weights = _routing(rows, num_experts, k, gen)
+    ws = _dev(_expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen))
+    x, ids, weights = _dev((x, ids, weights))
+    full = cuda_moe.moe_experts(p, x, ids, weights, *ws)
+    flipped = torch.arange(rows - 1, -1, -1, device=DEVICE)
+    assert torch.equal(
+        cuda_moe.moe_experts(p, x[flipped], ids[flipped], weights[flipped], *ws), full[flipped]
+    )
+    for part in (slice(0, 1), slice(5, 12), slice(2, 3)):
+        assert torch.equal(cuda_moe.moe_experts(p, x[part], ids[part], weights[part], *ws), full[part])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [64, 4096])
+def test_plan_at_real_widths_on_gpu(rows: int) -> None:
+    """384 experts, top-6, decode and prefill row counts (several plan blocks), against torch's stable
+    sort on the CPU."""
+    num_experts, k, block_m = 384, 6, cuda_moe.GATED_TILES[0]
+    gen = torch.Generator().manual_seed(rows)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:k] for _ in range(rows)]).to(torch.int32)
+    ids[: rows // 2, 0] = 7  # one expert with many tiles
+    ids[3, 2] = -1
+    weights = torch.rand(rows, k, generator=gen)
+    got = {key: t.cpu() for key, t in cuda_moe._plan(*_dev((ids, weights)), num_experts, block_m).items()}
+    flat = ids.reshape(-1).long()
+    order = torch.sort(torch.where(flat >= 0, flat, num_experts), stable=True).indices
+    assert torch.equal(got["token"].long(), order // k) and torch.equal(
+        got["route"], weights.reshape(-1)[order]
+    )
+    assert torch.equal(got["position"].long()[order], torch.arange(flat.numel()))
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
+    starts = torch.cumsum(counts, 0) - counts
+    per = (counts + block_m - 1) // block_m
+    expert = torch.repeat_interleave(torch.arange(num_experts), per)
+    first = torch.cat([starts[e] + torch.arange(int(per[e])) * block_m for e in range(num_experts)])
+    real = expert.numel()
+    assert torch.equal(got["tile_expert"][:real].long(), expert)
+    assert (got["tile_expert"][real:] == num_experts).all()
+    assert torch.equal(got["tile_start"][:real].long(), first)
+    assert torch.equal(got["tile_end"][:real].long(), (starts + counts)[expert])

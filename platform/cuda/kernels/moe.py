@@ -3,12 +3,13 @@
 - moe_route: the gate GEMM through the batch-invariant linear kernel (FP32 out), then sqrt(softplus) in
   f64 rounded once, the stable descending sort of s + bias (equal scores: lowest id first), the top-k and
   the renormalisation, as torch ops on the device (element-wise or per row: batch invariant).
-- moe_experts: the (row, slot) pairs are sorted by expert id (stable, so by row within an expert), a tile
-  table (expert, first row, end row) is built on the device with a grid bound known from the shapes, the
-  w1/w3 grouped GEMM with the gemm_out rounding, clamped SwiGLU and routing weight fused writes the
-  activation, the w2 grouped GEMM writes each pair's output (moe_tl.py), and the combine adds a row's
-  expert outputs in increasing expert id, in FP32, the cpu rule's order. No host synchronisation except
-  the id range check, which is skipped while a CUDA graph is being captured.
+- moe_experts: four launches (moe_tl.py). The plan kernel sorts the (row, slot) pairs by expert id
+  (stable, so by row within an expert) and writes the tile table (expert, first row, end row) for a grid
+  bound known from the shapes; the w1/w3 grouped GEMM with the gemm_out rounding, clamped SwiGLU and
+  routing weight fused writes the activation; the w2 grouped GEMM writes each pair's output; the combine
+  kernel adds a row's expert outputs in increasing expert id, in FP32, the cpu rule's order, and rounds
+  once to out_dtype. No host synchronisation except the id range check, which is skipped while a CUDA
+  graph is being captured or checks are off (the kernels then treat an id >= E as padding).
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
 
 __all__ = ["DOWN_TILES", "GATED_TILES", "RULES", "moe_experts", "moe_route", "swiglu"]
@@ -69,41 +71,30 @@ def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
 
 
 def _check_ids(ids: Tensor, num_experts: int) -> None:
-    """The cpu rule's id range check; it reads back to the host, so it is skipped during graph capture."""
-    if ids.is_cuda and torch.cuda.is_current_stream_capturing():
+    """The cpu rule's id range check; it reads back to the host, so it is skipped during graph capture and
+    under `step_rows.unchecked()` (then no launch either)."""
+    if not checking() or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     rules_moe._check_ids(ids, num_experts)
 
 
-def _sort_pairs(ids: Tensor, num_experts: int, block_m: int) -> dict[str, Tensor]:
-    """Pairs (row, slot) sorted by expert (padding last) and the tile table over them, all on the device.
+def _plan(ids: Tensor, weights: Tensor, num_experts: int, block_m: int) -> dict[str, Tensor]:
+    """The pairs (row, slot) sorted by expert (stable; padding last) and the tile table, by one kernel.
 
     A tile is BLOCK_M sorted rows of one expert; expert e with c rows has ceil(c / BLOCK_M) tiles, so the
     step has at most ceil(P / BLOCK_M) + min(E, P) tiles for P = rows * slots: that bound is the grid,
     and the tiles past the last real one carry expert E (the kernel skips them).
     """
+    from dsgraph.platform.cuda.kernels import moe_tl
+
     pairs = ids.numel()
-    flat = ids.reshape(-1).long()
-    key = torch.where(flat >= 0, flat, num_experts)
-    sorted_key, order = torch.sort(key, stable=True)
-    bounds = torch.searchsorted(sorted_key, torch.arange(num_experts + 1, device=ids.device))
-    starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
-    tiles_per = (counts + block_m - 1) // block_m
-    cum = torch.cumsum(tiles_per, 0)
     num_tiles = -(-pairs // block_m) + min(num_experts, pairs)
-    tile = torch.arange(num_tiles, device=ids.device)
-    expert = torch.searchsorted(cum, tile, right=True)
-    e = expert.clamp_max(num_experts - 1)
-    first = starts[e] + (tile - (cum[e] - tiles_per[e])) * block_m
-    position = torch.empty_like(order)
-    position[order] = torch.arange(pairs, device=ids.device)
-    return {
-        "order": order,
-        "tiles": tuple(t.to(torch.int32).contiguous() for t in (expert, first, starts[e] + counts[e])),
-        # per row, the sorted positions of its slots in increasing position = increasing expert id
-        "row_positions": torch.sort(position.reshape(ids.shape), dim=1).values,
-        "real_pairs": bounds[-1],
-    }
+    i32 = dict(dtype=torch.int32, device=ids.device)
+    plan = {name: torch.empty(pairs, **i32) for name in ("token", "position")}
+    plan["route"] = torch.empty(pairs, dtype=torch.float32, device=ids.device)
+    plan |= {name: torch.empty(num_tiles, **i32) for name in ("tile_expert", "tile_start", "tile_end")}
+    moe_tl.launch_plan(ids, weights, num_experts, block_m, plan)
+    return plan
 
 
 def _expert_config(p: Any, a: Tensor, w: Tensor, tiles: tuple[int, int, int, int]) -> dict[str, Any]:
@@ -122,16 +113,6 @@ def _expert_config(p: Any, a: Tensor, w: Tensor, tiles: tuple[int, int, int, int
     )
 
 
-def _combine(y: Tensor, row_positions: Tensor, real_pairs: Tensor) -> Tensor:
-    """out[t] = ((0 + y[first]) + y[second]) + ... over t's real pairs in increasing expert id, in FP32."""
-    out = torch.zeros((row_positions.shape[0], y.shape[1]), dtype=torch.float32, device=y.device)
-    for j in range(row_positions.shape[1]):
-        pos = row_positions[:, j]
-        real = (pos < real_pairs)[:, None]
-        out = out + torch.where(real, y[pos].float(), 0.0)
-    return out
-
-
 def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) -> Tensor:
     if not _on_device(x) or (p.weight_format == "dense" and p.act_quant != "none"):
         return rules_moe.moe_experts(p, x, ids, weights, *ws)
@@ -146,20 +127,21 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
     fp4 = p.weight_format == "mxfp4_rows"
     w1, w3, w2 = (w.contiguous() for w in ws[:3])
     s1, s3, s2 = (s.contiguous().view(torch.uint8) for s in ws[3:]) if fp4 else (None, None, None)
-    plan = _sort_pairs(ids, num_experts, GATED_TILES[0])
+    ids = ids.to(torch.int32).contiguous()
+    plan = _plan(ids, weights.contiguous(), num_experts, GATED_TILES[0])
+    tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
     config = _expert_config(p, x, w1, GATED_TILES)
     # The w2 GEMM reads the activation as the cpu rule does: FP8-qdq'd from FP32, or rounded to x's dtype.
     act_dtype = torch.float32 if p.act_quant == "fp8_g32" else x.dtype
     act = torch.empty((ids.numel(), inter), dtype=act_dtype, device=x.device)
-    token = (plan["order"] // ids.shape[1]).to(torch.int32)
-    route = weights.reshape(-1)[plan["order"]].float().contiguous()
     limit = float(p.swiglu_limit)
-    moe_tl.launch_expert_gemm(x, token, (w1, s1, w3, s3), route, plan["tiles"], act, limit, config)
+    moe_tl.launch_expert_gemm(x, plan["token"], (w1, s1, w3, s3), plan["route"], tiles, act, limit, config)
     y = torch.empty((ids.numel(), hidden), dtype=to_torch(p.gemm_out_dtype), device=x.device)
-    identity = torch.arange(ids.numel(), dtype=torch.int32, device=x.device)
     config2 = _expert_config(p, act, w2, DOWN_TILES)
-    moe_tl.launch_expert_gemm(act, identity, (w2, s2, None, None), None, plan["tiles"], y, limit, config2)
-    return _combine(y, plan["row_positions"], plan["real_pairs"]).to(to_torch(p.out_dtype))
+    moe_tl.launch_expert_gemm(act, None, (w2, s2, None, None), None, tiles, y, limit, config2)
+    out = torch.empty(x.shape, dtype=to_torch(p.out_dtype), device=x.device)
+    moe_tl.launch_combine(y, ids, plan["position"], num_experts, out)
+    return out
 
 
 RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "swiglu": swiglu}

@@ -1,0 +1,68 @@
+"""cuda rules of `act_qdq` and `cache_encode` (dsgraph.ops.quant): one Triton kernel each (quant_act_tl.py)
+for every format (fp8_g32, mxfp4_g32, nvfp4_g16, nvfp4_g16_recip), bit-equal to the cpu codecs
+(platform/cpu/quant.py, cache_format.py). Each group is quantized on its own, so results are batch
+invariant. Falls back to the cpu rule for CPU tensors without Triton's interpreter, for a width that is
+not a positive multiple of the group (the cpu codec raises the error) and for empty tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dsgraph.ops.quant import GROUP_SIZES, entry_bytes
+from dsgraph.platform.cpu import rules_quant
+from dsgraph.platform.cuda.kernels.attention import runs_kernels
+from dsgraph.platform.cuda.kernels.mhc import triton_cdiv, triton_dtype
+
+__all__ = ["RULES", "act_qdq", "cache_encode"]
+
+FORMATS = {"fp8_g32": 0, "mxfp4_g32": 1, "nvfp4_g16": 2, "nvfp4_g16_recip": 3}
+BLOCK_G = 16  # groups per program
+NUM_WARPS = 4
+
+
+def _kernel_shape(p: Any, x: Tensor) -> tuple[int, int, int] | None:
+    """(rows, width, group) when the kernel applies, else None (the cpu rule runs)."""
+    if not runs_kernels(x) or p.fmt not in FORMATS or x.dim() == 0 or x.numel() == 0:
+        return None
+    width, group = x.shape[-1], GROUP_SIZES[p.fmt]
+    if width % group:
+        return None
+    return x.numel() // width, width, group
+
+
+def act_qdq(p: Any, x: Tensor) -> Tensor:
+    shape = _kernel_shape(p, x)
+    if shape is None:
+        return rules_quant.act_qdq(p, x)
+    from dsgraph.platform.cuda.kernels import quant_act_tl as K
+
+    rows, width, group = shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    K.qdq_kernel[(rows, triton_cdiv(width // group, BLOCK_G))](
+        x.contiguous(), out, D=width, FMT=FORMATS[p.fmt], GROUP=group, BLOCK_G=BLOCK_G,
+        OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+def cache_encode(p: Any, x: Tensor) -> Tensor:
+    shape = _kernel_shape(p, x)
+    if shape is None:
+        return rules_quant.cache_encode(p, x)
+    from dsgraph.platform.cuda.kernels import quant_act_tl as K
+
+    rows, width, group = shape
+    size = entry_bytes(p.fmt, width)
+    out = torch.empty((*x.shape[:-1], size), dtype=torch.uint8, device=x.device)
+    K.encode_kernel[(rows, triton_cdiv(width // group, BLOCK_G))](
+        x.contiguous(), out, D=width, ENTRY=size, FMT=FORMATS[p.fmt], GROUP=group, BLOCK_G=BLOCK_G,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}

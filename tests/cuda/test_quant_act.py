@@ -1,0 +1,64 @@
+"""The cuda `act_qdq` and `cache_encode` rules (kernels/quant_act.py) against the cpu codecs: bit-equal
+for every format, on values spread over many binades, with exact E2M1 midpoints, zeros, -0 and groups
+whose amax is below the scale floors. Batch invariance: a row's bytes do not depend on the other rows.
+On a CUDA machine the kernels run on the GPU, elsewhere under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
+
+from dsgraph.ops.quant import FORMATS, QdqParams  # noqa: E402
+from dsgraph.platform.cuda.kernels import quant_act  # noqa: E402
+from tests.cuda.kernel_env import compare_rules, on_device  # noqa: E402
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _values(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Random magnitudes over 2^-12 .. 2^8, one row of E2M1 midpoints x 2^k (ties), a row with zeros and
+    -0, and a row of tiny values (amax under every floor)."""
+    x = torch.randn(rows, width, generator=_gen(seed)) * torch.exp2(
+        torch.randint(-12, 9, (rows, 1), generator=_gen(seed + 1)).float()
+    )
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]).repeat(width // 8)
+    x[0] = ties * torch.where(torch.arange(width) % 3 == 0, -1.0, 1.0)
+    x[1, ::2] = 0.0
+    x[1, 1::4] = -0.0
+    x[2] = x[2] * 1e-9
+    return x
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_act_qdq_is_bit_equal(fmt: str, dtype: torch.dtype) -> None:
+    compare_rules("act_qdq", QdqParams(fmt=fmt), [_values(6, 64, seed=1).to(dtype)], tol=(0.0, 0.0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cache_encode_is_bit_equal(fmt: str) -> None:
+    x = _values(6, 96, seed=2).to(torch.bfloat16).unflatten(0, (2, 3))  # [2, 3, 96]: leading dims kept
+    compare_rules("cache_encode", QdqParams(fmt=fmt), [x])
+    compare_rules("cache_encode", QdqParams(fmt=fmt), [_values(5, 64, seed=3)])
+
+
+def test_rows_are_batch_invariant() -> None:
+    (x,) = on_device([_values(5, 64, seed=4)])
+    for fmt in FORMATS:
+        p = QdqParams(fmt=fmt)
+        assert torch.equal(quant_act.cache_encode(p, x)[3:4].cpu(), quant_act.cache_encode(p, x[3:4]).cpu())
+        assert torch.equal(quant_act.act_qdq(p, x)[3:4].cpu(), quant_act.act_qdq(p, x[3:4]).cpu())
+
+
+@pytest.mark.gpu
+def test_quant_at_real_width() -> None:
+    """SWA KV 512 (fp8), compressed KV 512 (nvfp4), index 128 (mxfp4), over 64 rows."""
+    for fmt, width in (("fp8_g32", 512), ("nvfp4_g16_recip", 512), ("nvfp4_g16", 512), ("mxfp4_g32", 128)):
+        x = _values(64, width, seed=5).to(torch.bfloat16)
+        compare_rules("act_qdq", QdqParams(fmt=fmt), [x], tol=(0.0, 0.0))
+        compare_rules("cache_encode", QdqParams(fmt=fmt), [x])
