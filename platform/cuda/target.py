@@ -2,13 +2,17 @@
 their in-place form, then the `RULES` of every `dsgraph.platform.cuda.kernels.*` module over them.
 
 A kernel module that fails to import (no triton, no GPU toolchain) is skipped: its ops keep the cpu rule,
-and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why.
+and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why. So is a module
+that says `GPU_VERIFIED = False` (its tests have passed only under Triton's CPU interpreter so far), unless
+the environment sets DSGRAPH_CUDA_KERNELS=all: a kernel joins the default table once it has passed its
+tests on a GPU.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
 import pkgutil
 from pathlib import Path
 from typing import Any
@@ -73,6 +77,10 @@ def kernel_rules(
             origin = Path(package.__path__[0]) / f"{info.name}.py"
             for op in _declared_ops(origin):
                 fallbacks[op] = f"kernels.{info.name} did not import ({errors[info.name]}); the cpu rule runs"
+            continue
+        if not getattr(module, "GPU_VERIFIED", True) and os.environ.get("DSGRAPH_CUDA_KERNELS") != "all":
+            for op in getattr(module, "RULES", {}):
+                fallbacks[op] = f"kernels.{info.name} is not yet verified on a GPU (DSGRAPH_CUDA_KERNELS=all)"
             continue
         rules.update(getattr(module, "RULES", {}))
     return rules, fallbacks, errors

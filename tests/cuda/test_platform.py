@@ -253,3 +253,14 @@ def test_kernel_env_compares_a_cuda_rule_with_the_cpu_rule() -> None:
 
 class _RmsParams:
     eps = 1e-6
+
+
+def test_kernels_not_yet_verified_on_a_gpu_are_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsgraph.platform.cuda.target import kernel_rules
+
+    rules, fallbacks, _ = kernel_rules()
+    assert "hc_pre" not in rules and "not yet verified on a GPU" in fallbacks["hc_pre"]
+    assert "attention" in rules  # passed its tests on the H200
+    monkeypatch.setenv("DSGRAPH_CUDA_KERNELS", "all")
+    rules, fallbacks, _ = kernel_rules()
+    assert "hc_pre" in rules and "hc_pre" not in fallbacks

@@ -65,4 +65,7 @@ def cache_encode(p: Any, x: Tensor) -> Tensor:
     return out
 
 
+# Tested under Triton's CPU interpreter and compiled for sm_90 offline, not yet run on a GPU: the cuda
+# platform uses these rules only with DSGRAPH_CUDA_KERNELS=all until they pass tests/cuda on the H200.
+GPU_VERIFIED = False
 RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}
