@@ -467,6 +467,6 @@ def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> S
     ids = torch.tensor([t for _, t in forced], dtype=torch.long)
     tokens, logprobs = s.tokens.clone(), s.logprobs.clone()
     tokens[rows] = ids.to(tokens.dtype)
-    lp = torch.log_softmax(logits[rows].float(), -1)
+    lp = torch.log_softmax(logits[rows.to(logits.device)].float(), -1).cpu()  # the samples are on the host
     logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
     return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)
