@@ -424,6 +424,15 @@ class Scheduler:
     @property
     def config(self) -> SchedulerConfig: ...
 
+    @property
+    def draft_ms(self) -> float:
+        """
+        ms the confidence planner adds to every candidate step (the draft pass after it).
+        """
+
+    @draft_ms.setter
+    def draft_ms(self, arg: float, /) -> None: ...
+
     def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> None:
         """
         Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...).
@@ -607,9 +616,9 @@ def split_drafts(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None)
     Drafts per request when `total` drafts go to the largest cumulative probabilities.
     """
 
-def plan_verification(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], curve: ThroughputCurve, max_total: int, other_rows: int = 0) -> VerifyPlan:
+def plan_verification(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], curve: ThroughputCurve, max_total: int, other_rows: int = 0, fixed_ms: float = 0.0) -> VerifyPlan:
     """
-    The total of drafts maximising expected tokens / predicted time, split by the greedy prefix.
+    The total of drafts maximising expected tokens / (predicted time + fixed_ms), split by the greedy prefix.
     """
 
 def plan_fixed(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None, lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], draft_len: int, curve: ThroughputCurve | None, max_total: int, other_rows: int = 0) -> VerifyPlan:

@@ -63,6 +63,12 @@ class EngineConfig:
     draft_len: int | None = None
     deterministic: bool = False
     throughput_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    # draft_pause: skip the draft pass while the realised acceptance does not pay for it, re-probing
+    # with exponential backoff (runtime/spec_pause.py; needs a curve, i.e. not in fixed mode without
+    # one). draft_cost: (sequence counts, draft pass ms) given explicitly and used as is; None profiles
+    # the draft pass with the curve (when the curve is profiled) and corrects it from measured passes.
+    draft_pause: bool = True
+    draft_cost: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         check_spec_config(self)
@@ -230,8 +236,9 @@ class Engine:
 
     def spec_stats(self) -> dict[str, object] | None:
         """Speculative decoding statistics since the start (per-position acceptance, mean accepted length,
-        confidence calibration; `runtime/csrc/spec_stats.h`), or None with drafting off."""
-        return None if self.spec is None else self.spec.scheduler.snapshot()
+        confidence calibration; `runtime/csrc/spec_stats.h`), draft passes and paused steps
+        (`runtime/spec_pause.py`), or None with drafting off."""
+        return None if self.spec is None else self.spec.snapshot()
 
     def prefix_cache_stats(self) -> tuple[int, int]:
         """(prompt tokens looked up, prompt tokens served from the prefix cache) since the start."""
@@ -336,7 +343,9 @@ class Engine:
             if rid in self.live:
                 self.live[rid].num_draft_tokens += verified
                 self.live[rid].num_accepted_tokens += accepted
-        return v.samples, v.num_emitted, self.spec.draft(plan, v, seqs)
+        drafts = self.spec.draft(plan, v, seqs)
+        self.scheduler.native.draft_ms = self.spec.next_draft_ms  # the next plan weighs its draft pass
+        return v.samples, v.num_emitted, drafts
 
     def _seq_info(self, rid: int) -> SeqInfo | None:
         live = self.live.get(rid)

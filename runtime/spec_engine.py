@@ -1,7 +1,8 @@
 """DSpark speculative decoding in the engine loop (issue 6): verify a step's drafts, draft for the requests
 that go on, keep what the next step needs. Engine.step runs, per step:
 
-    target forward over the plan -> `verify` (this module) -> `draft` for continuing sequences
+    target forward over the plan -> `verify` (this module) -> `draft` for continuing sequences (skipped
+       while drafting does not pay: `DraftPause`, runtime/spec_pause.py)
     -> Scheduler.advance(emitted tokens, num_emitted, next drafts + confidences): one native call that
        commits (stop tokens, EOS, max_tokens and max_model_len truncate an emission; the rest is
        discarded) and plans the next step (the confidence planner runs inside it)
@@ -34,6 +35,7 @@ acceptance length; replaced drafts get a one-hot draft distribution so exact ver
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,7 @@ from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.scheduler import StepPlan
 from dsgraph.runtime.spec_draft import DraftRunner
+from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import VerifyScheduler
 
 __all__ = ["DraftHook", "SeqInfo", "SpecDecoder", "Verified"]
@@ -93,6 +96,12 @@ class SpecDecoder:
         self.pool = torch.zeros(session.cache_sizes.num_slots, nextn, vocab, device=session.device)
         self.confidence: dict[int, np.ndarray] = {}  # rid -> confidences of the drafts it holds
         self.draft_hook: DraftHook | None = None
+        self.cost = DraftCost()  # setup_spec replaces it with the profiled or given draft cost
+        self.pause: DraftPause | None = None  # None: draft every step (draft_pause off, or no curve)
+        self.draft_passes = 0
+        # the draft pass expected after the next step (ms; 0 when this step drafted nothing): the
+        # confidence planner adds it to every candidate step's time (Scheduler.draft_ms)
+        self.next_draft_ms = 0.0
 
     def verify(self, plan: StepPlan, logits: torch.Tensor, seqs: Sequence[SeqInfo | None]) -> Verified:
         """Decide every sample row of the plan; `seqs[s]` describes plan sequence s."""
@@ -196,14 +205,23 @@ class SpecDecoder:
             )
             todo.append((k, anchor))
             drafted.append((k, info))
+        if todo and self.pause is not None and not self.pause.decide(len(todo)):
+            todo, drafted = [], []  # paused: the requests go on as plain decode rows
+        self.next_draft_ms = (self.cost.predict(len(todo)) or 0.0) if todo else 0.0
         if todo:
-            out = self.drafter.run([r for _, r in todo])
+            start_time = time.perf_counter()
+            out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised
+            self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
+            self.draft_passes += 1
             width = min(self.nextn, out.tokens.shape[1])
             for i, (k, req) in enumerate(todo):
                 self.pool[req.slot, :width] = out.logprobs[i, :width]
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
                 self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
+            if self.pause is not None:
+                picked = [k for k, _ in todo]
+                self.pause.seed_confidences(conf[picked], lengths[picked])
         self.confidence = {info.rid: conf[k, : lengths[k]].copy() for k, info in drafted}
         return tokens, lengths, conf
 
@@ -247,7 +265,14 @@ class SpecDecoder:
             out.append((rid, n, accepted[-1]))
         if verified:
             self.scheduler.record(verified, accepted, conf)
+            if self.pause is not None:
+                self.pause.observe(verified, accepted)
         return out
+
+    def snapshot(self) -> dict[str, object]:
+        """The scheduler's statistics plus draft passes and pausing (`runtime/spec_pause.py`)."""
+        out = {**self.scheduler.snapshot(), "draft_passes": self.draft_passes, "paused_steps": 0}
+        return out | ({} if self.pause is None else self.pause.snapshot())
 
 
 def _leading(match: np.ndarray) -> int:

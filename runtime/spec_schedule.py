@@ -237,12 +237,19 @@ def as_confidences(conf: Confidences, nextn: int | None = None) -> tuple[np.ndar
 
 
 def plan_verification(
-    conf: Confidences, curve: ThroughputCurve, max_total: int, *, other_rows: int = 0
+    conf: Confidences,
+    curve: ThroughputCurve,
+    max_total: int,
+    *,
+    other_rows: int = 0,
+    fixed_ms: float = 0.0,
 ) -> VerifyPlan:
     """Confidence-scheduled plan: T <= max_total drafts and N + other_rows + T <= curve.largest rows;
-    `other_rows` (prefill chunks in the same step) cost time and emit nothing counted here."""
+    `other_rows` (prefill chunks in the same step) cost time and emit nothing counted here; `fixed_ms`
+    (the draft pass that follows the step) is added to every candidate's predicted time (not to
+    `step_ms`)."""
     values, lengths = as_confidences(conf)
-    return _native.plan_verification(values, lengths, curve, max_total, other_rows)
+    return _native.plan_verification(values, lengths, curve, max_total, other_rows, fixed_ms)
 
 
 def plan_fixed(

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_draft import has_dspark_stages
 from dsgraph.runtime.spec_engine import SpecDecoder
+from dsgraph.runtime.spec_pause import DraftCost, DraftPause, check_draft_cost
 from dsgraph.runtime.spec_schedule import (
     SpecScheduleConfig,
     ThroughputCurve,
@@ -27,7 +29,14 @@ from dsgraph.runtime.spec_schedule import (
     wall_clock,
 )
 
-__all__ = ["SpecSetup", "check_spec_config", "curve_cache_dir", "profile_session", "setup_spec"]
+__all__ = [
+    "SpecSetup",
+    "check_spec_config",
+    "curve_cache_dir",
+    "profile_drafter",
+    "profile_session",
+    "setup_spec",
+]
 
 SPECULATIVE = ("auto", "dspark", "off")
 SCHEDULES = ("confidence", "fixed")
@@ -51,6 +60,10 @@ def check_spec_config(c: Any) -> None:
                 f"throughput_curve: {curve!r}, expected (row counts, step ms) of equal, non-zero length"
             )
         make_curve(curve[0], curve[1])  # ValueError names the first bad size or time
+    if not isinstance(c.draft_pause, bool):
+        raise ValueError(f"draft_pause: {c.draft_pause!r}, expected a bool")
+    if c.draft_cost is not None:
+        check_draft_cost(c.draft_cost)
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,35 @@ def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> Th
     return curve
 
 
+def profile_drafter(
+    session: Any, decoder: SpecDecoder, max_num_seqs: int, *, repeats: int = 5
+) -> dict[int, float]:
+    """Draft pass ms per bucket of sequences (powers of two up to max_num_seqs), cached on disk beside
+    the throughput curve (in its `draft/` folder); the passes draft from position 0 of slots 0.. (the
+    rings are cleared after)."""
+    slots = session.cache_sizes.num_slots
+    buckets = [1 << i for i in range(max(max_num_seqs - 1, 0).bit_length() + 1)]
+
+    def run(n: int) -> None:
+        decoder.drafter.run([DraftRequest(0, 0, i % slots) for i in range(n)])  # tokens synchronise
+
+    device = torch.cuda.get_device_name(session.device) if session.on_device else "cpu"
+    model = session.model
+    key_config = repr(("draft pass", model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
+    cost = load_or_profile_curve(
+        wall_clock(run),
+        buckets,
+        cache_dir=curve_cache_dir() / "draft",
+        model_config=key_config,
+        device_name=device,
+        repeats=repeats,
+    )
+    for name, t in session.caches.items():
+        if name.startswith("dspark."):
+            t.zero_()
+    return dict(zip(cost.sizes, cost.step_ms, strict=True))
+
+
 def setup_spec(
     spec: SpecSetup, engine: Any, weights: Mapping[str, torch.Tensor]
 ) -> tuple[SpecDecoder, ThroughputCurve | None]:
@@ -165,4 +207,10 @@ def setup_spec(
     decoder = SpecDecoder(
         engine.session, weights, engine.sampler, sched, nextn=spec.nextn, deterministic=c.deterministic
     )
+    if c.draft_cost is not None:
+        decoder.cost = DraftCost(dict(zip(*c.draft_cost, strict=True)), fixed=True)
+    elif c.throughput_curve is None and curve is not None:  # profiled with the curve, cached beside it
+        decoder.cost = DraftCost(profile_drafter(engine.session, decoder, c.max_num_seqs))
+    if c.draft_pause and sched.curve is not None:
+        decoder.pause = DraftPause(sched.curve, decoder.cost, spec.nextn)
     return decoder, sched.curve

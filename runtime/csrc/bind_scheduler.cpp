@@ -250,7 +250,9 @@ void bind_scheduler(nb::module_ &m) {
     c.def(nb::init<SchedulerConfig, std::shared_ptr<ThroughputCurve>>(), "config"_a, "curve"_a = nb::none(),
           "curve: the confidence planner's throughput curve, shared (observe() on it corrects the planner); "
           "required when config.verify_mode is CONFIDENCE.")
-        .def_prop_ro("config", &Scheduler::config);
+        .def_prop_ro("config", &Scheduler::config)
+        .def_prop_rw("draft_ms", &Scheduler::draft_ms, &Scheduler::set_draft_ms,
+                     "ms the confidence planner adds to every candidate step (the draft pass after it).");
     bind_requests(c);
     bind_stats(c);
 }

@@ -115,12 +115,14 @@ void bind_planner(nb::module_ &m) {
     m.def(
         "plan_verification",
         [](const ConfIn &conf, const CountsIn &lengths, const ThroughputCurve &curve, int64_t max_total,
-           int64_t other_rows) {
+           int64_t other_rows, double fixed_ms) {
             const DraftConfidences d = drafts_of(conf, lengths, "plan_verification");
-            return plan_verification(d, curve, max_total, other_rows);
+            return plan_verification(d, curve, max_total, other_rows, fixed_ms);
         },
         "conf"_a.noconvert(), "lengths"_a.noconvert(), "curve"_a, "max_total"_a, "other_rows"_a = 0,
-        "The total of drafts maximising expected tokens / predicted time, split by the greedy prefix.");
+        "fixed_ms"_a = 0.0,
+        "The total of drafts maximising expected tokens / (predicted time + fixed_ms), split by the greedy "
+        "prefix.");
     m.def(
         "plan_fixed",
         [](const ConfIn &conf, const CountsIn &lengths, int32_t draft_len, const ThroughputCurve *curve,

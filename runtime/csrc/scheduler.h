@@ -155,6 +155,10 @@ public:
     int64_t num_replayed_tokens() const { return num_replayed_; }
     const SlotPool &slots() const { return slots_; }
     const ThroughputCurve *curve() const { return curve_.get(); }
+    // A cost (ms) the confidence planner adds to every candidate step's predicted time: the draft pass
+    // that follows the step (the engine sets it before each advance; 0: none). Throws unless finite >= 0.
+    void set_draft_ms(double ms);
+    double draft_ms() const { return draft_ms_; }
     // Drafts a request holds now (tests and the engine's bookkeeping).
     std::vector<int32_t> drafts_of(int64_t rid) const;
     const PrefixCache &cache() const { return cache_; }
@@ -198,6 +202,7 @@ private:
 
     SchedulerConfig config_;
     std::shared_ptr<ThroughputCurve> curve_;
+    double draft_ms_ = 0.0;
     BucketTable buckets_;
     SlotPool slots_;
     PrefixCache cache_;

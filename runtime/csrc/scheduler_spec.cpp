@@ -4,6 +4,7 @@
 // pages of rejected rows. Planning is in scheduler.cpp, the commit loop in
 // scheduler_update.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -37,7 +38,15 @@ VerifyPlan Scheduler::choose_drafts(const DraftConfidences &d, int32_t budget, i
     if (!fits) {  // the mandatory rows already fill the profiled sizes: no room to verify anything
         return plan_fixed(d, 0, nullptr, budget, other_rows);
     }
-    return plan_verification(d, *curve_, budget, other_rows);
+    return plan_verification(d, *curve_, budget, other_rows, draft_ms_);
+}
+
+void Scheduler::set_draft_ms(double ms) {
+    if (!(std::isfinite(ms) && ms >= 0.0)) {
+        throw std::invalid_argument("Scheduler.draft_ms = " + std::to_string(ms) +
+                                    "; expected a finite draft pass time in ms >= 0");
+    }
+    draft_ms_ = ms;
 }
 
 VerifyPlan Scheduler::plan_drafts(std::vector<Chunk> &chunks, size_t num_decode, int32_t budget,

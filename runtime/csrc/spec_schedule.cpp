@@ -127,7 +127,11 @@ std::vector<int32_t> split_drafts(const DraftConfidences &d, int64_t total) {
 }
 
 VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &curve, int64_t max_total,
-                             int64_t other_rows) {
+                             int64_t other_rows, double fixed_ms) {
+    if (!(std::isfinite(fixed_ms) && fixed_ms >= 0.0)) {
+        throw std::invalid_argument("plan_verification: fixed_ms = " + std::to_string(fixed_ms) +
+                                    "; expected a finite cost in ms >= 0");
+    }
     const std::vector<double> cum = cumulative_acceptance(d);
     const int64_t room = draft_room(d.num_requests(), other_rows, max_total, &curve, "plan_verification");
     const std::vector<int64_t> order = rank_drafts(d, cum);
@@ -138,11 +142,11 @@ VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &c
         return finish(d, std::move(drafts), cum, &curve, other_rows);
     }
     double expected = static_cast<double>(d.num_requests());
-    double best_ratio = expected / curve.predict(base_rows);
+    double best_ratio = expected / (curve.predict(base_rows) + fixed_ms);
     int64_t best_total = 0;
     for (int64_t t = 1; t <= limit; ++t) {
         expected += cum[static_cast<size_t>(order[static_cast<size_t>(t - 1)])];
-        const double ratio = expected / curve.predict(base_rows + t);
+        const double ratio = expected / (curve.predict(base_rows + t) + fixed_ms);
         if (ratio > best_ratio) {
             best_ratio = ratio;
             best_total = t;

@@ -64,10 +64,13 @@ std::vector<int32_t> split_drafts(const DraftConfidences &d, int64_t total);
 // The confidence-scheduled plan: T <= max_total and N + other_rows + T <=
 // curve.largest(). other_rows are rows of the same step that are not
 // verification (prefill chunks): they cost time and emit nothing counted here.
-// Throws when max_total or other_rows is negative or the N + other_rows
-// mandatory rows do not fit the curve.
+// fixed_ms is a cost every candidate step pays on top of the curve (the draft
+// pass that follows a verify step): the ratio is expected / (predict + fixed_ms),
+// which favours larger totals as fixed_ms grows; plan.step_ms stays the curve's
+// prediction alone. Throws when max_total or other_rows is negative, fixed_ms is
+// not finite and >= 0, or the N + other_rows mandatory rows do not fit the curve.
 VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &curve, int64_t max_total,
-                             int64_t other_rows = 0);
+                             int64_t other_rows = 0, double fixed_ms = 0.0);
 
 // Fixed-length mode: request i verifies min(draft_len, lengths[i]) drafts.
 // When that exceeds max_total (or the curve), drafts are dropped from the back

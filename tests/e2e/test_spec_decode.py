@@ -1,7 +1,8 @@
 """Deterministic speculative decoding end to end (cpu, tiny random checkpoint): with `deterministic=True`
 seeded sampling emits exactly the tokens of a run without drafting, whatever the batch size (1, 7, 32),
 the chunk size (max_num_batched_tokens), the verify schedule (confidence on or fixed) and the number of
-drafts accepted (a hook feeds the target's own continuation, cut at varying places); and
+drafts accepted (a hook feeds the target's own continuation, cut at varying places) or the steps whose
+draft pass is paused; and
 `dsgraph generate` prints the drafting statistics."""
 
 from __future__ import annotations
@@ -83,13 +84,24 @@ def test_tokens_do_not_depend_on_batch_chunks_or_schedule(model_dir, reference, 
 
 @pytest.mark.parametrize("schedule", ["confidence", "fixed"])
 def test_tokens_do_not_depend_on_accepted_drafts(model_dir, reference, schedule: str) -> None:  # type: ignore[no-untyped-def]
-    llm = det_llm(model_dir, max_num_seqs=7, verify_schedule=schedule)
+    llm = det_llm(model_dir, max_num_seqs=7, verify_schedule=schedule, draft_pause=False)  # every length
     hook_reference(llm, reference)
     assert tokens(llm, PROMPTS[:14], PARAMS[:14]) == reference[:14]
     stats: Any = llm.engine.spec_stats()
     assert stats["accepted_tokens"] > 0 and stats["reached_at"][0] > stats["accepted_at"][0]
     if schedule == "fixed":  # every acceptance length 0..5 occurred
         assert all(n > 0 for n in stats["accepted_at"])
+
+
+@pytest.mark.parametrize("cost", [None, ((1, 8), (1000.0, 1000.0))])
+def test_pausing_keeps_the_tokens(model_dir, reference, cost: Any) -> None:  # type: ignore[no-untyped-def]
+    """Paused steps are plain decode rows (the measured draft cost of a cpu run, or a dear one that
+    pauses for sure): the tokens stay those of a run without drafting, drafts right or wrong."""
+    llm = det_llm(model_dir, max_num_seqs=7, draft_cost=cost)
+    hook_reference(llm, reference)
+    assert tokens(llm, PROMPTS[:14], PARAMS[:14]) == reference[:14]
+    stats: Any = llm.engine.spec_stats()
+    assert stats["verified_tokens"] > 0 and (cost is None or stats["paused_steps"] > stats["draft_passes"])
 
 
 def test_generate_prints_drafting_statistics(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]

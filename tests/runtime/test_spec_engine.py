@@ -2,10 +2,13 @@
 (confidence and fixed) equals greedy output without, token for token; a test-only hook that replaces the
 drafts with the target's own greedy continuation (corrupted at a varying place) exercises every
 acceptance length 0..5 and shows up in the statistics; aborts with drafts pending leak no page or slot;
-draft programs are lowered once per bucket; EngineConfig errors name the field."""
+draft programs are lowered once per bucket; EngineConfig errors name the field; the draft pass pauses
+while it does not pay (random weights, a dear draft pass), re-probes and resumes when acceptance rises,
+and never pauses while every draft is accepted and the pass is cheap."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -74,7 +77,10 @@ def test_greedy_with_drafting_equals_without(model_dir, reference, schedule: str
 
 
 def test_every_acceptance_length_gives_the_same_tokens(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
-    llm = forced_hook(spec_llm(model_dir, verify_schedule="fixed"), reference, cut=lambda n: n % 6)
+    # draft_pause=False here and below: these tests need a draft pass every step, whatever it costs
+    llm = forced_hook(
+        spec_llm(model_dir, verify_schedule="fixed", draft_pause=False), reference, cut=lambda n: n % 6
+    )
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
     stats = llm.engine.spec_stats()
@@ -86,7 +92,7 @@ def test_every_acceptance_length_gives_the_same_tokens(model_dir, reference) -> 
 
 
 def test_forced_continuation_accepts_everything(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
-    llm = forced_hook(spec_llm(model_dir), reference)
+    llm = forced_hook(spec_llm(model_dir, draft_pause=False), reference)
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
     stats = llm.engine.spec_stats()
@@ -100,7 +106,7 @@ def test_forced_continuation_accepts_everything(model_dir, reference) -> None:  
 
 
 def test_abort_with_drafts_pending_frees_pages_and_slots(model_dir) -> None:  # type: ignore[no-untyped-def]
-    llm = spec_llm(model_dir, verify_schedule="fixed", enable_prefix_cache=False)
+    llm = spec_llm(model_dir, verify_schedule="fixed", enable_prefix_cache=False, draft_pause=False)
     eng = llm.engine
     for rid, p in enumerate(PROMPTS):
         eng.add_request(rid, p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
@@ -137,6 +143,9 @@ def test_draft_programs_are_lowered_once_per_bucket(model_dir) -> None:  # type:
         (dict(deterministic=1), r"deterministic: 1, expected a bool"),
         (dict(throughput_curve=((1, 2), (1.0,))), r"throughput_curve: .* equal, non-zero length"),
         (dict(throughput_curve=((2, 1), (1.0, 2.0))), r"sizes"),
+        (dict(draft_pause=1), r"draft_pause: 1, expected a bool"),
+        (dict(draft_cost=((1, 2), (1.0,))), r"draft_cost: .* equal, non-zero length"),
+        (dict(draft_cost=((1,), (math.nan,))), r"draft_cost: draft time nan for 1 sequences"),
     ],
 )
 def test_engine_config_errors_name_the_field(kw: dict[str, Any], message: str) -> None:
@@ -151,7 +160,9 @@ def test_auto_is_off_on_cpu(model_dir) -> None:  # type: ignore[no-untyped-def]
 
 def test_sampled_exact_verification_is_reproducible(model_dir) -> None:  # type: ignore[no-untyped-def]
     params = [SamplingParams(temperature=0.8, seed=7 + i, max_tokens=10, ignore_eos=True) for i in range(4)]
-    llm = spec_llm(model_dir)
+    # Exact sampling's tokens depend on which drafts exist; pausing decides that from measured draft
+    # times, so a reproducible sampled run keeps drafting every step (or uses deterministic=True).
+    llm = spec_llm(model_dir, draft_pause=False)
     first = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[::-1], params[::-1])][::-1]
     assert first == again and all(len(t) == 10 for t in first)
@@ -168,6 +179,10 @@ def test_curve_profiled_at_start_and_cached(model_dir, tmp_path, monkeypatch) ->
     curve = llm.engine.spec.scheduler.curve  # type: ignore[union-attr]
     assert list(curve.sizes) == [1, 2, 4, 8] and all(t > 0 for t in curve.step_ms)
     assert all(not t.any() for t in llm.engine.session.caches.values())  # profiling left no state
+    # the draft pass is profiled per bucket of sequences and cached beside the curve
+    assert len(list((tmp_path / "dsgraph" / "curves" / "draft").glob("throughput-*.json"))) == 1
+    cost = llm.engine.spec.cost.ms  # type: ignore[union-attr]
+    assert sorted(cost) == [1, 2, 4] and all(t > 0 for t in cost.values())
 
     def no_profile(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled again instead of loading the cached curve")
@@ -175,6 +190,7 @@ def test_curve_profiled_at_start_and_cached(model_dir, tmp_path, monkeypatch) ->
     monkeypatch.setattr("dsgraph.runtime.spec_schedule.profile_curve", no_profile)
     again = LLM(model_dir, **kw)
     assert list(again.engine.spec.scheduler.curve.step_ms) == list(curve.step_ms)  # type: ignore[union-attr]
+    assert again.engine.spec.cost.ms == cost  # type: ignore[union-attr]
     outs = again.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
 
@@ -189,7 +205,7 @@ def test_stops_truncate_multi_token_emissions(model_dir, reference) -> None:  # 
         SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=(text[len(text) // 2 :][:2],)),
         SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
     ]
-    llm = forced_hook(spec_llm(model_dir, verify_schedule="fixed"), reference)
+    llm = forced_hook(spec_llm(model_dir, verify_schedule="fixed", draft_pause=False), reference)
     for params in cases:
         want, got = off.generate(PROMPTS[:1], params)[0], llm.generate(PROMPTS[:1], params)[0]
         w, g = want.outputs[0], got.outputs[0]
@@ -214,3 +230,58 @@ def test_confidences_drive_the_planner(model_dir, reference, confidence: float, 
     # a zero-probability draft is never worth a row; certain ones fit the flat part of the curve
     assert (stats["verified_tokens"] > 0) == verified
     assert stats["accept_rate"] == (1.0 if verified else None)
+
+
+DEAR = ((1, 8), (1000.0, 1000.0))  # a draft pass no acceptance can pay for against the 10 ms curve
+CHEAP = ((1, 8), (0.5, 0.5))
+
+
+def test_pauses_when_drafting_does_not_pay(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
+    llm = spec_llm(model_dir, draft_cost=DEAR)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    stats: Any = llm.engine.spec_stats()
+    # 15 decode steps: pauses of 1, 2, 4, 8 steps, each followed by a single probe pass
+    assert stats["draft_passes"] == stats["draft_probes"] >= 2
+    assert stats["paused_steps"] >= 3 * stats["draft_passes"]
+    off: Any = spec_llm(model_dir, draft_cost=DEAR, draft_pause=False)
+    off.generate(PROMPTS, GREEDY)
+    assert off.engine.spec_stats()["paused_steps"] == 0
+    assert off.engine.spec_stats()["draft_passes"] > 3 * stats["draft_passes"]
+
+
+def test_keeps_drafting_while_it_pays(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
+    llm = forced_hook(spec_llm(model_dir, draft_cost=CHEAP), reference)
+    eng, hook, seen = llm.engine, llm.engine.spec.draft_hook, []  # type: ignore[union-attr]
+
+    def watch(*args: Any):  # type: ignore[no-untyped-def]
+        seen.append(eng.scheduler.native.draft_ms)  # what the planner weighed for the step before
+        return hook(*args)  # type: ignore[misc]
+
+    eng.spec.draft_hook = watch  # type: ignore[union-attr]
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert seen[0] == 0.0 and set(seen[len(PROMPTS) :]) == {0.5}
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    stats: Any = llm.engine.spec_stats()
+    assert stats["paused_steps"] == 0 and stats["draft_probes"] == 0
+    assert stats["draft_passes"] >= stats["steps"] and stats["accept_rate"] == 1.0
+
+
+def test_resumes_drafting_when_acceptance_rises(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
+    """Drafts are wrong for the first outputs and right afterwards: drafting pauses, and a probe after
+    the pause notices the drafts are accepted now, so drafting goes on every step with no backoff."""
+    llm = forced_hook(spec_llm(model_dir, draft_cost=((1, 8), (5.0, 5.0))), reference)
+    eng, right = llm.engine, llm.engine.spec.draft_hook  # type: ignore[union-attr]
+
+    def wrong_then_right(rid: int, position: int, drafts: list[int], conf: list[float]):  # type: ignore[no-untyped-def]
+        d, c = right(rid, position, drafts, conf)  # type: ignore[misc]
+        if position + 1 - len(eng.live[rid].prompt) < 6:
+            d = [(t + 1) % eng.cfg.text.vocab_size for t in d]
+        return d, c
+
+    eng.spec.draft_hook = wrong_then_right  # type: ignore[union-attr]
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    stats: Any = eng.spec_stats()
+    assert stats["paused_steps"] >= 2 and stats["draft_probes"] >= 1
+    assert stats["draft_backoff"] == 1 and stats["accepted_tokens"] >= 5 * len(PROMPTS)

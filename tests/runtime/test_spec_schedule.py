@@ -75,12 +75,14 @@ def expected_of(rows: Rows, ks: tuple[int, ...] | np.ndarray) -> float:
     return len(rows) + sum(sum(cumulative(r)[: int(k)]) for r, k in zip(rows, ks, strict=True))
 
 
-def brute_force_best(rows: Rows, time: Callable[[int], float], max_total: int, other: int) -> float:
+def brute_force_best(
+    rows: Rows, time: Callable[[int], float], max_total: int, other: int, fixed_ms: float = 0.0
+) -> float:
     best = 0.0
     for ks in allocations(rows):
         total = sum(ks)
         if total <= max_total and len(rows) + other + total <= LARGEST:
-            best = max(best, expected_of(rows, ks) / time(len(rows) + other + total))
+            best = max(best, expected_of(rows, ks) / (time(len(rows) + other + total) + fixed_ms))
     return best
 
 
@@ -109,6 +111,36 @@ def test_plan_reaches_the_brute_force_optimum(
     assert plan.step_ms == pytest.approx(time(plan.num_rows), rel=1e-12)
     best = brute_force_best(rows, time, max_total, other)
     assert plan.expected_tokens / plan.step_ms == pytest.approx(best, rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(request_rows, min_size=1, max_size=4),
+    curve_name=st.sampled_from(sorted(CURVES)),
+    max_total=st.integers(0, 20),
+    fixed_ms=st.sampled_from([0.0, 0.5, 3.0, 50.0]),
+)
+def test_plan_with_a_fixed_cost_reaches_the_brute_force_optimum(
+    rows: Rows, curve_name: str, max_total: int, fixed_ms: float
+) -> None:
+    time, curve = CURVES[curve_name]
+    plan = plan_verification(rows, curve, max_total, fixed_ms=fixed_ms)
+    assert plan.step_ms == pytest.approx(time(plan.num_rows), rel=1e-12)  # the curve's part only
+    got = plan.expected_tokens / (plan.step_ms + fixed_ms)
+    assert got == pytest.approx(brute_force_best(rows, time, max_total, 0, fixed_ms), rel=1e-12)
+
+
+def test_a_fixed_cost_buys_more_drafts() -> None:
+    # Hand-checked on the bucket curve, one request holding [0.5] * 5 (cumulative .5 .25 .125 ...), T
+    # drafts cost 1 + T rows: no fixed cost: 1.5/1.02 = 1.47, 1.875/1.05 = 1.79 (T = 3, bucket 4) beats
+    # 1.96875/1.3 = 1.51 (T = 5, bucket 8) -> 3 drafts; 10 ms per step: 1.875/11.05 = 0.170 <
+    # 1.96875/11.3 = 0.174 -> all 5.
+    curve = CURVES["buckets"][1]
+    assert list(plan_verification([[0.5] * 5], curve, 5).drafts) == [3]
+    assert list(plan_verification([[0.5] * 5], curve, 5, fixed_ms=10.0).drafts) == [5]
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="fixed_ms = .*expected a finite cost in ms >= 0"):
+            plan_verification([[0.5]], curve, 1, fixed_ms=bad)
 
 
 @settings(max_examples=40, deadline=None)

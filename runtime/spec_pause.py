@@ -1,0 +1,159 @@
+"""Whether drafting pays (issue 6): the draft pass's cost per bucket of sequences, and the per-step
+decision to skip it when the realised acceptance does not buy back its time.
+
+A drafting engine spends, per step, the verify step `curve(N + T)` plus the draft pass `draft_ms(N)`
+that prepares the next step, for N + (expected accepted drafts) tokens; without drafting it spends
+`curve(N)` for N tokens. `DraftPause.decide` compares the two rates each step from the global
+per-position conditional acceptance rates realised so far (an exponential moving average per draft
+position; positions not yet verified take the mean confidence of the newest drafts), the planner's best
+allocation with the draft pass as its fixed cost (`plan_verification(..., fixed_ms=draft_ms)`), and the
+draft cost. When drafting does not pay the draft pass is skipped (the requests go on as plain decode
+rows, whose tokens are the same by construction) for 1, 2, 4, ... up to `max_backoff` steps; after each
+pause one probe pass drafts unconditionally so that a change in acceptance is noticed, and a decision
+that pays resets the backoff.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dsgraph.runtime.spec_schedule import ThroughputCurve, plan_verification
+from dsgraph.runtime.step_padding import bucket_size
+
+__all__ = ["DraftCost", "DraftPause", "PauseConfig", "check_draft_cost"]
+
+
+def check_draft_cost(cost: object) -> None:
+    """ValueError naming the field unless `cost` is (seq counts, ms) of equal, non-zero length."""
+    ok = isinstance(cost, tuple | list) and len(cost) == 2 and len(cost[0]) == len(cost[1]) and cost[0]
+    if not ok:
+        raise ValueError(
+            f"draft_cost: {cost!r}, expected (sequence counts, draft ms) of equal, non-zero length"
+        )
+    for n, ms in zip(*cost, strict=True):  # type: ignore[misc]
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"draft_cost: sequence count {n!r}, expected an integer >= 1")
+        if not isinstance(ms, int | float) or not math.isfinite(ms) or ms < 0:
+            raise ValueError(f"draft_cost: draft time {ms!r} for {n} sequences, expected finite ms >= 0")
+
+
+class DraftCost:
+    """Draft pass time (ms) per bucket of sequences (the drafter pads to the next power of two).
+
+    `given` points are used as they are (a benchmark's numbers, or tests); otherwise the profiled
+    points seed the table and every measured pass moves its bucket's estimate by `alpha` toward it (the
+    first measurement of an unprofiled bucket replaces nothing). A bucket without an estimate takes the
+    nearest larger known one, else the largest known; None when nothing is known yet."""
+
+    def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False, alpha: float = 0.2):
+        if not 0 < alpha <= 1:
+            raise ValueError(f"DraftCost.alpha = {alpha}, expected a value in (0, 1]")
+        self.ms = {bucket_size(n): float(t) for n, t in (points or {}).items()}
+        self.fixed, self.alpha = fixed, alpha
+
+    def predict(self, seqs: int) -> float | None:
+        if not self.ms:
+            return None
+        b = bucket_size(seqs)
+        larger = [k for k in sorted(self.ms) if k >= b]
+        return self.ms[larger[0] if larger else max(self.ms)]
+
+    def observe(self, seqs: int, measured_ms: float) -> None:
+        if self.fixed or not math.isfinite(measured_ms) or measured_ms < 0:
+            return
+        b = bucket_size(seqs)
+        old = self.ms.get(b)
+        self.ms[b] = measured_ms if old is None else old + self.alpha * (measured_ms - old)
+
+
+@dataclass(frozen=True)
+class PauseConfig:
+    max_backoff: int = 64  # the longest pause (steps) between probes
+    alpha: float = 0.2  # weight of a step's realised rate in the moving average
+
+    def __post_init__(self) -> None:
+        if self.max_backoff < 1:
+            raise ValueError(f"PauseConfig.max_backoff = {self.max_backoff}, expected >= 1")
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"PauseConfig.alpha = {self.alpha}, expected a value in (0, 1]")
+
+
+class DraftPause:
+    """The per-step draft-or-skip decision (module doc); counts paused steps and probes."""
+
+    def __init__(
+        self, curve: ThroughputCurve, cost: DraftCost, nextn: int, config: PauseConfig = PauseConfig()
+    ) -> None:
+        self.curve, self.cost, self.nextn, self.config = curve, cost, nextn, config
+        self.rate = np.full(nextn, np.nan)  # realised conditional acceptance per position (EMA)
+        self.seed = np.ones(nextn)  # mean confidences of the newest drafts (optimistic before any)
+        self.backoff, self.skip_left, self.probe = 1, 0, False
+        self.paused_steps = self.probes = 0
+
+    def observe(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
+        """One verify step: drafts verified and accepted per sequence. Position j is reached when the
+        first j drafts were accepted and j < verified; it succeeds when j < accepted."""
+        reached, passed = np.zeros(self.nextn), np.zeros(self.nextn)
+        for n, a in zip(verified, accepted, strict=True):
+            top = min(a + 1, n, self.nextn)
+            reached[:top] += 1
+            passed[: min(a, top)] += 1
+        seen = reached > 0
+        rate = np.divide(passed, reached, out=np.zeros(self.nextn), where=seen)
+        fresh = seen & np.isnan(self.rate)
+        self.rate[fresh] = rate[fresh]
+        old = seen & ~fresh
+        self.rate[old] += self.config.alpha * (rate[old] - self.rate[old])
+
+    def seed_confidences(self, conf: np.ndarray, lengths: np.ndarray) -> None:
+        """The newest drafts' confidences [seqs, nextn] (held lengths): the estimate of unseen positions."""
+        for j in range(self.nextn):
+            held = lengths > j
+            if held.any():
+                self.seed[j] = float(conf[held, j].mean())
+
+    def estimate(self) -> np.ndarray:
+        return np.where(np.isnan(self.rate), self.seed, self.rate)
+
+    def rates(self, seqs: int) -> tuple[float, float]:
+        """Predicted tokens per ms (with drafting, without) for `seqs` decode sequences."""
+        draft_ms = self.cost.predict(seqs) or 0.0  # unknown cost: assume free, the pass measures it
+        n = min(seqs, self.curve.largest)
+        conf = np.tile(self.estimate(), (n, 1))
+        plan = plan_verification(conf, self.curve, n * self.nextn, fixed_ms=draft_ms)
+        return plan.expected_tokens / (plan.step_ms + draft_ms), n / self.curve.predict(n)
+
+    def decide(self, seqs: int) -> bool:
+        """Whether to run the draft pass for `seqs` sequences going on to the next step."""
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            self.paused_steps += 1
+            self.probe = self.skip_left == 0
+            return False
+        if self.probe:
+            self.probe = False
+            self.probes += 1
+            return True
+        with_drafts, without = self.rates(seqs)
+        if with_drafts > without:
+            self.backoff = 1
+            return True
+        self.paused_steps += 1
+        self.skip_left = self.backoff - 1
+        self.probe = self.skip_left == 0
+        self.backoff = min(2 * self.backoff, self.config.max_backoff)
+        return False
+
+    def snapshot(self) -> dict[str, object]:
+        est = self.estimate()
+        return {
+            "paused_steps": self.paused_steps,
+            "draft_probes": self.probes,
+            "draft_backoff": self.backoff,
+            "realised_conditional_rate": [None if math.isnan(x) else float(x) for x in self.rate],
+            "pause_estimate": [float(x) for x in est],
+        }
