@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -73,6 +73,13 @@ def size_caches(model: V41Model, num_slots: int, budget_bytes: int) -> CacheSize
             f"{model.geo.max_model_len} needs {need} B"
         )
     return CacheSizes(num_slots, {r: int(units * n) for r, n in unit_pages.items()})
+
+
+class DeviceStep(NamedTuple):
+    key: tuple[tuple[str, int], ...]  # the bucket: sizes of every symbolic dim
+    program: Any  # its eager DeviceProgram
+    padded: dict[str, np.ndarray]  # the step's inputs padded to the bucket
+    outs: int  # the real number of sampled rows
 
 
 class Session:
@@ -145,8 +152,12 @@ class Session:
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
         return out["logits"]
 
-    def _run_device(self, step: Mapping[str, Array]) -> torch.Tensor:
-        from dsgraph.platform.cuda.capture import CapturedStep
+    def _fixed(self) -> dict[str, torch.Tensor]:
+        return {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
+
+    def device_step(self, step: Mapping[str, Array]) -> DeviceStep:
+        """The step padded to its bucket, with the bucket's eager DeviceProgram. Every dim of a device
+        step is bucketed, so captured graphs stay few."""
         from dsgraph.platform.cuda.execute import DeviceProgram
 
         sizes = self._sizes(step)
@@ -156,24 +167,37 @@ class Session:
         key = tuple(sorted(sizes.items()))
         if key not in self.device_programs:
             self.device_programs[key] = DeviceProgram(self._program(sizes), self.device)
-        fixed = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
+        return DeviceStep(key, self.device_programs[key], padded, outs)
+
+    def eager_args(self, padded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Graph inputs of an eager device run of a padded step (weights, caches, step tensors)."""
+        tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
+        return {**self._fixed(), **tensors}
+
+    def _captured(self, d: DeviceStep) -> Any:
+        """The bucket's CUDA graph, recorded on its first step (over an all-padding step)."""
+        from dsgraph.platform.cuda.capture import CapturedStep
+
+        if d.key not in self.captured:
+            if self.pool is None and self.device.type == "cuda":
+                self.pool = torch.cuda.graph_pool_handle()
+            empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in d.padded.items()}
+            padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, dict(d.key)).items()}
+            self.captured[d.key] = CapturedStep(d.program, self._fixed(), padding, pool=self.pool)
+            self.captures += 1
+        return self.captured[d.key]
+
+    def _run_device(self, step: Mapping[str, Array]) -> torch.Tensor:
+        d = self.device_step(step)
         if not self.capture:
-            tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
-            out = self.device_programs[key].run({**fixed, **tensors})
+            out = d.program.run(self.eager_args(d.padded))
         else:
-            if key not in self.captured:
-                if self.pool is None and self.device.type == "cuda":
-                    self.pool = torch.cuda.graph_pool_handle()
-                empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in padded.items()}
-                padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, sizes).items()}
-                self.captured[key] = CapturedStep(self.device_programs[key], fixed, padding, pool=self.pool)
-                self.captures += 1
-            captured = self.captured[key]
-            captured.replay({f"step.{k}": v for k, v in padded.items()})
+            captured = self._captured(d)
+            captured.replay({f"step.{k}": v for k, v in d.padded.items()})
             out = captured.outputs
         self._keep_caches(out)
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
-        return out["logits"][:outs]
+        return out["logits"][: d.outs]
 
     def _keep_caches(self, out: Mapping[str, torch.Tensor]) -> None:
         """Cache outputs are the cache buffers when every cache write ran in place; any other is copied in

@@ -11,23 +11,12 @@ import numpy as np
 import torch
 
 from dsgraph.platform.cpu.step_rows import unchecked
-from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.runtime.session import Session
-from dsgraph.runtime.step_padding import bucket_size, pad_step
-
-
-def _device_program(session: Session, step: Mapping[str, np.ndarray]) -> tuple[DeviceProgram, dict]:
-    sizes = session._sizes(step)
-    sizes.update({d: bucket_size(sizes[d]) for d in ("tokens", "seqs", "outs")})
-    padded = pad_step({k: np.asarray(v) for k, v in step.items()}, session.step_dims, sizes)
-    program = DeviceProgram(session._program(sizes), session.device)
-    args = {**session.weights, **{f"caches.{k}": v for k, v in session.caches.items()}}
-    args.update({f"step.{k}": torch.from_numpy(np.array(v)).to(session.device) for k, v in padded.items()})
-    return program, args
 
 
 def op_profile(session: Session, step: Mapping[str, np.ndarray], top: int = 12) -> dict[str, Any]:
-    program, args = _device_program(session, step)
+    d = session.device_step(step)
+    program, args = d.program, session.eager_args(d.padded)
     with unchecked():
         program.run(args, check=False)  # warm-up: kernels compiled, allocator primed
         env = program.bind(args)
