@@ -57,10 +57,13 @@ def _declared_ops(path: Path) -> list[str]:
 
 
 def kernel_rules(
-    package_name: str = KERNELS_PACKAGE,
+    package_name: str = KERNELS_PACKAGE, *, include_unverified: bool | None = None
 ) -> tuple[dict[str, Rule], dict[str, str], dict[str, str]]:
     """(op -> kernel rule, op -> fallback reason, kernel module -> import error) over the modules of
-    `package_name` (`kernels/*.py`)."""
+    `package_name` (`kernels/*.py`). `include_unverified` (default: DSGRAPH_CUDA_KERNELS=all) also takes
+    the modules with `GPU_VERIFIED = False`."""
+    if include_unverified is None:
+        include_unverified = os.environ.get("DSGRAPH_CUDA_KERNELS") == "all"
     rules: dict[str, Rule] = {}
     fallbacks: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -78,7 +81,7 @@ def kernel_rules(
             for op in _declared_ops(origin):
                 fallbacks[op] = f"kernels.{info.name} did not import ({errors[info.name]}); the cpu rule runs"
             continue
-        if not getattr(module, "GPU_VERIFIED", True) and os.environ.get("DSGRAPH_CUDA_KERNELS") != "all":
+        if not getattr(module, "GPU_VERIFIED", True) and not include_unverified:
             for op in getattr(module, "RULES", {}):
                 fallbacks[op] = f"kernels.{info.name} is not yet verified on a GPU (DSGRAPH_CUDA_KERNELS=all)"
             continue

@@ -59,23 +59,6 @@ def assert_matches(
         raise AssertionError(f"{what}: differs at {bad}: {got[tuple(bad)]} != {want[tuple(bad)]}")
 
 
-def all_kernel_rules() -> dict[str, Any]:
-    """op -> rule of every importable kernel module, GPU-verified or not (tests cover both)."""
-    import importlib
-    import pkgutil
-
-    import dsgraph.platform.cuda.kernels as kernels
-
-    rules: dict[str, Any] = {}
-    for info in pkgutil.iter_modules(kernels.__path__):
-        try:
-            module = importlib.import_module(f"{kernels.__name__}.{info.name}")
-        except Exception:  # noqa: BLE001  (a module that does not import has no rules to test here)
-            continue
-        rules.update(getattr(module, "RULES", {}))
-    return rules
-
-
 def compare_rules(
     op: str,
     params: Any,
@@ -89,8 +72,13 @@ def compare_rules(
     CPU copies; assert every result matches; returns (cuda results, cpu results)."""
     from dsgraph.platform.cpu.target import PLATFORM as CPU
     from dsgraph.platform.cuda.target import PLATFORM as CUDA
+    from dsgraph.platform.cuda.target import kernel_rules
 
-    rule = cuda_rule if cuda_rule is not None else all_kernel_rules().get(op, CUDA.rules[op])
+    rule = (
+        cuda_rule
+        if cuda_rule is not None
+        else kernel_rules(include_unverified=True)[0].get(op, CUDA.rules[op])
+    )
     got = as_tuple(rule(params, *on_device(args)))
     want = as_tuple(CPU.rules[op](params, *on_device(args, "cpu")))
     if len(got) != len(want):
