@@ -7,6 +7,7 @@ stacked per layer, so the peak is one layer's experts twice."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -37,27 +38,36 @@ def _stack(out: dict[str, Tensor], experts: dict[tuple[str, str], list[Stored]])
     experts.clear()
 
 
-def random_serving_weights(
-    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda", *, dspark: bool = False
+def _serving_layout(
+    cfg: ModelConfig, make: Callable[[str, TensorSpec], Stored], *, dspark: bool
 ) -> dict[str, Tensor]:
-    """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """The step graph's weights in the serving layout, each stored tensor (and scale) from `make`; routed
+    experts are made one at a time and stacked per layer (a layer's experts are contiguous in spec
+    order, so the peak is one layer's experts twice)."""
     out: dict[str, Tensor] = {}
     experts: dict[tuple[str, str], list[Stored]] = {}
     for name, spec in expected_tensors(cfg).items():
         if spec.kind is TensorKind.SCALE or (name.startswith("mtp.") and not dspark):
             continue
         m = _EXPERT.fullmatch(name)
-        if m is None:
-            if experts:  # a layer's experts are contiguous in spec order: stack them before moving on
-                _stack(out, experts)
-            t, s = _stored(cfg, name, spec, gen)
-            out[name] = t
-            if s is not None:
-                out[scale_name(name)] = s
+        if m is not None:
+            experts.setdefault((m[1], m[3]), []).append(make(name, spec))
             continue
-        experts.setdefault((m[1], m[3]), []).append(_stored(cfg, name, spec, gen))
+        _stack(out, experts)
+        t, s = make(name, spec)
+        out[name] = t
+        if s is not None:
+            out[scale_name(name)] = s
     _stack(out, experts)
+    return out
+
+
+def random_serving_weights(
+    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda", *, dspark: bool = False
+) -> dict[str, Tensor]:
+    """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = _serving_layout(cfg, lambda name, spec: _stored(cfg, name, spec, gen), dspark=dspark)
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)
     return out
 
@@ -65,24 +75,14 @@ def random_serving_weights(
 def meta_serving_weights(cfg: ModelConfig, *, dspark: bool = False) -> dict[str, Tensor]:
     """The same names, shapes and dtypes as `random_serving_weights`, as meta tensors (no memory): what
     the traffic model needs to re-derive bytes from a saved run."""
-    out: dict[str, Tensor] = {}
-    experts: dict[tuple[str, str], list[Stored]] = {}
     specs = expected_tensors(cfg)
-    for name, spec in specs.items():
-        if spec.kind is TensorKind.SCALE or (name.startswith("mtp.") and not dspark):
-            continue
-        t = torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device="meta")
-        s = None
-        if spec.kind is not TensorKind.PLAIN:
-            scale = specs[scale_name(name)]
-            s = torch.empty(scale.shape, dtype=torch_dtype(scale.dtype), device="meta")
-        m = _EXPERT.fullmatch(name)
-        if m is None:
-            out[name] = t
-            if s is not None:
-                out[scale_name(name)] = s
-        else:
-            experts.setdefault((m[1], m[3]), []).append((t, s))
-    _stack(out, experts)
+
+    def empty(spec: TensorSpec) -> Tensor:
+        return torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device="meta")
+
+    def make(name: str, spec: TensorSpec) -> Stored:
+        return empty(spec), None if spec.kind is TensorKind.PLAIN else empty(specs[scale_name(name)])
+
+    out = _serving_layout(cfg, make, dspark=dspark)
     out["engram.token_map"] = torch.empty(cfg.text.vocab_size, dtype=torch.int32, device="meta")
     return out
