@@ -140,22 +140,25 @@ class AttentionParams:
     softmax_scale: float
 
 
-def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
-    if len(ts) not in (9, 12):
-        raise ShapeError(f"takes 9 operands (SWA only) or 12 (with pool, block_table, topk), got {len(ts)}")
-    q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, seq_window_start = ts[:9]
-    _require_positive(p.window, "window")
+def require_swa_operands(
+    window: int, ts: tuple[TensorType, ...], *, kv_like_q: bool = False
+) -> tuple[object, object]:
+    """Check the 9 SWA operands shared by `attention` and `draft_attention` (q, kv, ring, sink, positions,
+    seq_ids, seq_slot, seq_start, seq_window_start); `kv_like_q`: kv must have q's dtype. Returns (seqs,
+    head dim)."""
+    q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, seq_window_start = ts
+    _require_positive(window, "window")
     R.require_dtype(q, ACTIVATION_DTYPES, "q")
     R.require_rank(q, 3, "q")
     rows, heads, width = q.shape
     check_width("fp8_g32", width, f"head dim of q {q}")
-    R.require_dtype(kv, ACTIVATION_DTYPES, "kv")
+    R.require_dtype(kv, (q.dtype,) if kv_like_q else ACTIVATION_DTYPES, "kv")
     R.require_rank(kv, 2, "kv")
     R.require_dim(kv.shape[0], rows, f"tokens of kv {kv} vs q {q}")
     R.require_dim(kv.shape[1], width, f"head dim of kv {kv} vs q {q}")
     require_pool(ring, entry_bytes("fp8_g32", width), "ring")
-    if isinstance(ring.shape[1], int) and ring.shape[1] < p.window:
-        raise ShapeError(f"ring length R of ring {ring} is {ring.shape[1]}, expected >= window {p.window}")
+    if isinstance(ring.shape[1], int) and ring.shape[1] < window:
+        raise ShapeError(f"ring length R of ring {ring} is {ring.shape[1]}, expected >= window {window}")
     R.require_dtype(sink, ("f32",), "sink")
     R.require_rank(sink, 1, "sink")
     R.require_dim(sink.shape[0], heads, f"heads of sink {sink} vs q {q}")
@@ -164,6 +167,14 @@ def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[Ten
     seqs = require_seq_vectors(
         (seq_slot, "seq_slot"), (seq_start, "seq_start"), (seq_window_start, "seq_window_start")
     )
+    return seqs, width
+
+
+def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    if len(ts) not in (9, 12):
+        raise ShapeError(f"takes 9 operands (SWA only) or 12 (with pool, block_table, topk), got {len(ts)}")
+    q = ts[0]
+    seqs, width = require_swa_operands(p.window, ts[:9])
     if len(ts) == 12:
         pool, block_table, topk = ts[9:]
         check_width("nvfp4_g16", width, f"head dim of q {q}")
@@ -171,7 +182,7 @@ def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[Ten
         _require_block_table(block_table, seqs)
         R.require_dtype(topk, ("i32",), "topk")
         R.require_rank(topk, 2, "topk")
-        R.require_dim(topk.shape[0], rows, f"tokens of topk {topk} vs q {q}")
+        R.require_dim(topk.shape[0], q.shape[0], f"tokens of topk {topk} vs q {q}")
     return (q,)
 
 

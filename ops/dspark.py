@@ -11,8 +11,8 @@ from __future__ import annotations
 from dsgraph.graph.op import ShapeError, declare_op, params
 from dsgraph.graph.types import TensorType
 from dsgraph.ops import rules as R
-from dsgraph.ops.cache import ACTIVATION_DTYPES, require_index, require_pool, require_seq_vectors
-from dsgraph.ops.quant import check_width, entry_bytes
+from dsgraph.ops.attention import require_swa_operands
+from dsgraph.ops.cache import require_index
 from dsgraph.ops.sampling import mask_words
 
 __all__ = ["DraftAttentionParams", "SamplingLogprobsParams", "draft_attention", "sampling_logprobs"]
@@ -26,30 +26,10 @@ class DraftAttentionParams:
 
 
 def _draft_attention_rule(p: DraftAttentionParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
-    q, kv, ring, sink, positions, seq_ids, seq_slot, seq_start, seq_window_start = ts
-    for value, what in ((p.window, "window"), (p.block_size, "block_size")):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ShapeError(f"param {what} is {value!r}, expected a positive int")
-    R.require_dtype(q, ACTIVATION_DTYPES, "q")
-    R.require_rank(q, 3, "q")
-    rows, heads, width = q.shape
-    check_width("fp8_g32", width, f"head dim of q {q}")
-    R.require_dtype(kv, (q.dtype,), "kv")
-    R.require_rank(kv, 2, "kv")
-    R.require_dim(kv.shape[0], rows, f"tokens of kv {kv} vs q {q}")
-    R.require_dim(kv.shape[1], width, f"head dim of kv {kv} vs q {q}")
-    require_pool(ring, entry_bytes("fp8_g32", width), "ring")
-    if isinstance(ring.shape[1], int) and ring.shape[1] < p.window:
-        raise ShapeError(f"ring length R of ring {ring} is {ring.shape[1]}, expected >= window {p.window}")
-    R.require_dtype(sink, ("f32",), "sink")
-    R.require_rank(sink, 1, "sink")
-    R.require_dim(sink.shape[0], heads, f"heads of sink {sink} vs q {q}")
-    require_index(positions, rows, "positions")
-    require_index(seq_ids, rows, "seq_ids")
-    require_seq_vectors(
-        (seq_slot, "seq_slot"), (seq_start, "seq_start"), (seq_window_start, "seq_window_start")
-    )
-    return (q,)
+    if not isinstance(p.block_size, int) or isinstance(p.block_size, bool) or p.block_size <= 0:
+        raise ShapeError(f"param block_size is {p.block_size!r}, expected a positive int")
+    require_swa_operands(p.window, ts, kv_like_q=True)
+    return (ts[0],)
 
 
 draft_attention = declare_op(
