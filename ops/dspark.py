@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dsgraph.graph.op import ShapeError, declare_op, params
 from dsgraph.graph.types import TensorType
-from dsgraph.ops import rules as R
 from dsgraph.ops.attention import require_swa_operands
 from dsgraph.ops.cache import require_index
-from dsgraph.ops.sampling import mask_words
+from dsgraph.ops.sampling import require_allowed, require_logits
 
 __all__ = ["DraftAttentionParams", "SamplingLogprobsParams", "draft_attention", "sampling_logprobs"]
 
@@ -57,23 +56,14 @@ class SamplingLogprobsParams:
 def _sampling_logprobs_rule(_p: SamplingLogprobsParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
     if len(ts) not in (5, 6):
         raise ShapeError(f"takes 5 operands, or 6 with the allowed-token bitmask, got {len(ts)}")
-    logits = ts[0]
-    R.require_dtype(logits, ("f32",), "logits")
-    R.require_rank(logits, 2, "logits")
-    outs, vocab = logits.shape
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ShapeError(f"vocabulary dim of logits {logits} must be a positive int")
+    outs, vocab = require_logits(ts[0])
     for t, dtype, what in zip(
         ts[1:5], ("f32", "f32", "i32", "f32"), ("temperature", "top_p", "top_k", "min_p"), strict=True
     ):
         require_index(t, outs, what, dtype=dtype)
     if len(ts) == 6:
-        R.require_dtype(ts[5], ("i32",), "allowed")
-        if ts[5].shape != (outs, mask_words(vocab)):
-            raise ShapeError(
-                f"allowed must have shape [{outs}, {mask_words(vocab)}] (ceil(V/32)), got {ts[5]}"
-            )
-    return (logits,)
+        require_allowed(ts[5], outs, vocab)
+    return (ts[0],)
 
 
 sampling_logprobs = declare_op(

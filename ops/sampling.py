@@ -31,6 +31,7 @@ from __future__ import annotations
 from dsgraph.graph.op import ShapeError, declare_op, params
 from dsgraph.graph.types import TensorType
 from dsgraph.ops import rules as R
+from dsgraph.ops.cache import require_index
 
 __all__ = ["GREEDY_BELOW", "MAX_STREAM", "SampleParams", "mask_words", "sample"]
 
@@ -51,30 +52,32 @@ class SampleParams:
     stream: int = 0
 
 
-def _require_vector(t: TensorType, dtype: str, outs: object, what: str) -> None:
-    R.require_dtype(t, (dtype,), what)
-    R.require_rank(t, 1, what)
-    R.require_dim(t.shape[0], outs, f"length of {what} {t} (one per row of logits)")
-
-
-def _sample_rule(p: SampleParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
-    if len(ts) not in (7, 8):
-        raise ShapeError(f"takes 7 operands, or 8 with the allowed-token bitmask, got {len(ts)}")
-    logits = ts[0]
+def require_logits(logits: TensorType) -> tuple[object, int]:
+    """f32 [outs, V] with a concrete vocabulary; returns (outs, V). Shared by the sampling-family ops."""
     R.require_dtype(logits, ("f32",), "logits")
     R.require_rank(logits, 2, "logits")
     outs, vocab = logits.shape
     if not isinstance(vocab, int) or vocab < 1:
         raise ShapeError(f"vocabulary dim of logits {logits} must be a positive int")
+    return outs, vocab
+
+
+def require_allowed(allowed: TensorType, outs: object, vocab: int) -> None:
+    """The allowed-token bitmask: i32 [outs, ceil(V/32)]."""
+    R.require_dtype(allowed, ("i32",), "allowed")
+    if allowed.shape != (outs, mask_words(vocab)):
+        raise ShapeError(f"allowed must have shape [{outs}, {mask_words(vocab)}] (ceil(V/32)), got {allowed}")
+
+
+def _sample_rule(p: SampleParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    if len(ts) not in (7, 8):
+        raise ShapeError(f"takes 7 operands, or 8 with the allowed-token bitmask, got {len(ts)}")
+    outs, vocab = require_logits(ts[0])
     names = ("temperature", "top_p", "top_k", "min_p", "seed", "position")
     for t, dtype, what in zip(ts[1:7], ("f32", "f32", "i32", "f32", "i64", "i32"), names, strict=True):
-        _require_vector(t, dtype, outs, what)
+        require_index(t, outs, what, dtype=dtype)
     if len(ts) == 8:
-        R.require_dtype(ts[7], ("i32",), "allowed")
-        if ts[7].shape != (outs, mask_words(vocab)):
-            raise ShapeError(
-                f"allowed must have shape [{outs}, {mask_words(vocab)}] (ceil(V/32)), got {ts[7]}"
-            )
+        require_allowed(ts[7], outs, vocab)
     k = p.num_top_logprobs
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
         raise ShapeError(f"param num_top_logprobs is {k!r}, expected 0..{vocab} (the vocabulary)")

@@ -36,7 +36,8 @@ from __future__ import annotations
 from dsgraph.graph.op import NoParams, ShapeError, declare_op
 from dsgraph.graph.types import TensorType
 from dsgraph.ops import rules as R
-from dsgraph.ops.sampling import mask_words
+from dsgraph.ops.cache import require_index
+from dsgraph.ops.sampling import require_allowed, require_logits
 
 __all__ = ["STREAM_ACCEPT", "STREAM_RESIDUAL", "spec_verify"]
 
@@ -54,36 +55,22 @@ _ROW_OPERANDS = (
 )
 
 
-def _vector(t: TensorType, dtype: str, length: object, what: str) -> None:
-    R.require_dtype(t, (dtype,), what)
-    R.require_rank(t, 1, what)
-    R.require_dim(t.shape[0], length, f"length of {what} {t}")
-
-
 def _spec_verify_rule(_p: NoParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
     if len(ts) not in (11, 12):
         raise ShapeError(f"takes 11 operands, or 12 with the allowed-token bitmask, got {len(ts)}")
     logits, draft_logprobs = ts[0], ts[2]
-    R.require_dtype(logits, ("f32",), "logits")
-    R.require_rank(logits, 2, "logits")
-    outs, vocab = logits.shape
-    if not isinstance(vocab, int) or vocab < 1:
-        raise ShapeError(f"vocabulary dim of logits {logits} must be a positive int")
+    outs, vocab = require_logits(logits)
     R.require_dtype(draft_logprobs, ("f32",), "draft_logprobs")
     if draft_logprobs.shape != logits.shape:
         raise ShapeError(f"draft_logprobs must have the shape of logits {logits}, got {draft_logprobs}")
     for t, (what, dtype) in zip(ts[1:2] + ts[3:9], _ROW_OPERANDS, strict=True):
-        _vector(t, dtype, outs, what)
+        require_index(t, outs, what, dtype=dtype)
     R.require_dtype(ts[9], ("i32",), "verify_start")
     R.require_rank(ts[9], 1, "verify_start")
     seqs = ts[9].shape[0]
-    _vector(ts[10], "i32", seqs, "verify_len")
+    require_index(ts[10], seqs, "verify_len")
     if len(ts) == 12:
-        R.require_dtype(ts[11], ("i32",), "allowed")
-        if ts[11].shape != (outs, mask_words(vocab)):
-            raise ShapeError(
-                f"allowed must have shape [{outs}, {mask_words(vocab)}] (ceil(V/32)), got {ts[11]}"
-            )
+        require_allowed(ts[11], outs, vocab)
     return TensorType((seqs,), "i32"), TensorType((outs,), "i32"), TensorType((outs,), "f32")
 
 
