@@ -56,7 +56,9 @@ def _descending_order(scores: Tensor) -> Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices
 
 
-def candidate_mask(p: Any, scores: Tensor) -> Tensor:
+def candidate_block_scores(p: Any, scores: Tensor) -> tuple[Tensor, Tensor]:
+    """(block scores [rows, blocks] with the newest visible entry's block forced to +inf, visible
+    entries [rows, E]): what candidate_mask selects its top blocks from (shared with the cuda rule)."""
     rows, width = scores.shape
     visible = scores > NEG_INF
     num_blocks = -(-width // p.block_size)
@@ -71,11 +73,16 @@ def candidate_mask(p: Any, scores: Tensor) -> Tensor:
     newest_block = torch.div(newest, p.block_size, rounding_mode="floor")
     block_ids = torch.arange(num_blocks, device=scores.device)
     forced = (block_ids.unsqueeze(0) == newest_block.unsqueeze(1)) & (newest >= 0).unsqueeze(1)
-    block_scores = torch.where(forced, float("inf"), block_scores)
+    return torch.where(forced, float("inf"), block_scores), visible
+
+
+def candidate_mask(p: Any, scores: Tensor) -> Tensor:
+    block_scores, visible = candidate_block_scores(p, scores)
+    rows, num_blocks = block_scores.shape
     best = _descending_order(block_scores)[:, : p.topk_blocks]
     keep = torch.zeros(rows, num_blocks, dtype=torch.bool, device=scores.device)
     keep.scatter_(1, best, block_scores.gather(1, best) > NEG_INF)
-    return keep.repeat_interleave(p.block_size, dim=1)[:, :width] & visible
+    return keep.repeat_interleave(p.block_size, dim=1)[:, : scores.shape[1]] & visible
 
 
 def topk_select(p: Any, scores: Tensor) -> Tensor:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from dsgraph.platform.cpu import rules_attention
+from dsgraph.platform.cpu.rules_attention import candidate_block_scores
 from dsgraph.platform.cpu.step_rows import real_rows
 from dsgraph.platform.cuda.kernels.attention import dot_kind, runs_kernels, should_check
 
@@ -95,19 +95,10 @@ def topk_select(p: Any, scores: Tensor) -> Tensor:
 
 
 def candidate_mask(p: Any, scores: Tensor) -> Tensor:
-    rows, width = scores.shape
-    visible = scores > NEG_INF
-    num_blocks = -(-width // p.block_size)
-    padded = F.pad(scores, (0, num_blocks * p.block_size - width), value=NEG_INF)
-    block_scores = padded.unflatten(1, (num_blocks, p.block_size)).amax(dim=-1)
-    entry = torch.arange(width, device=scores.device)
-    newest = (
-        torch.where(visible, entry, -1).amax(dim=1, keepdim=True) if width else entry.new_full((rows, 1), -1)
-    )
-    block = torch.arange(num_blocks, device=scores.device)
-    forced = (block == torch.div(newest, p.block_size, rounding_mode="floor")) & (newest >= 0)
-    keep = k_largest(torch.where(forced, float("inf"), block_scores), p.topk_blocks)
-    return keep.repeat_interleave(p.block_size, dim=1)[:, :width] & visible
+    """The cpu rule's block scores; the top blocks by `k_largest` instead of a sort."""
+    block_scores, visible = candidate_block_scores(p, scores)
+    keep = k_largest(block_scores, p.topk_blocks)
+    return keep.repeat_interleave(p.block_size, dim=1)[:, : scores.shape[1]] & visible
 
 
 RULES: dict[str, Any] = {
