@@ -37,23 +37,40 @@ def swa_write_into(
     seq_slot: Tensor,
     seq_end: Tensor,
 ) -> Tensor:
+    if checking():
+        check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
+    slots, ring_len = ring.shape[0], ring.shape[1]
+    real, seq = real_rows("swa_write", seq_ids, seq_slot.shape[0])
+    # writes with fixed shapes and no host read (capturable); the checks above make the targets valid
+    target = per_row(seq_slot, seq, real) * ring_len + positions.long() % ring_len
+    scatter_rows(
+        ring.view(slots * ring_len, -1),
+        target,
+        entries,
+        _ring_rows_kept(ring_len, positions, seq_end, seq, real),
+    )
+    return ring
+
+
+def _ring_rows_kept(ring_len: int, positions: Tensor, seq_end: Tensor, seq: Tensor, real: Tensor) -> Tensor:
+    """Rows whose key survives the chunk: older positions of a long chunk would be overwritten by later
+    rows of the same chunk, so only each sequence's last ring_len positions are written."""
+    return real & (positions.long() >= per_row(seq_end, seq, real) - ring_len)
+
+
+def check_swa_write(
+    ring: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, seq_end: Tensor
+) -> None:
+    """swa_write's host-side checks (shared with the cuda rule): every used slot in range, no two kept
+    rows on one ring row. Errors name the row."""
     slots, ring_len = ring.shape[0], ring.shape[1]
     real, seq = real_rows("swa_write", seq_ids, seq_slot.shape[0])
     require_in_range(
         "swa_write", seq_slot, slots, "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0])
     )
-    # Older positions of a long chunk would be overwritten by later rows of the same chunk.
-    keep = real & (positions.long() >= per_row(seq_end, seq, real) - ring_len)
-    if not checking():  # the same writes without a host read (capturable)
-        target = per_row(seq_slot, seq, real) * ring_len + positions.long() % ring_len
-        scatter_rows(ring.view(slots * ring_len, -1), target, entries, keep)
-        return ring
-    rows = keep.nonzero().squeeze(1)
+    rows = _ring_rows_kept(ring_len, positions, seq_end, seq, real).nonzero().squeeze(1)
     slot = per_row(seq_slot, seq, real)[rows]
-    index = positions.long()[rows] % ring_len
-    require_unique("swa_write", slot * ring_len + index, rows, "one ring row")
-    ring[slot, index] = entries[rows]
-    return ring
+    require_unique("swa_write", slot * ring_len + positions.long()[rows] % ring_len, rows, "one ring row")
 
 
 def paged_write(p: Any, pool: Tensor, *operands: Tensor) -> Tensor:
@@ -69,18 +86,25 @@ def paged_write_into(
     seq_ids: Tensor,
     block_table: Tensor,
 ) -> Tensor:
+    if checking():
+        check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
+    real, seq = real_rows("paged_write", seq_ids, block_table.shape[0])
+    # writes with fixed shapes and no host read (capturable); the checks above make the targets valid
+    _scatter_entries(pool, entries, entry_ids.long(), valid & real, seq, block_table)
+    return pool
+
+
+def check_paged_write(
+    pool: Tensor, entry_ids: Tensor, valid: Tensor, seq_ids: Tensor, block_table: Tensor
+) -> None:
+    """paged_write's host-side checks (shared with the cuda rule): every written entry in an allocated
+    block, no two rows on one pool row. Errors name the row and entry."""
     num_blocks, block_size = pool.shape[0], pool.shape[1]
     real, seq = real_rows("paged_write", seq_ids, block_table.shape[0])
-    if not checking():  # the same writes without a host read (capturable)
-        _scatter_entries(pool, entries, entry_ids.long(), valid & real, seq, block_table)
-        return pool
     rows = (valid & real).nonzero().squeeze(1)
     entry = entry_ids.long()[rows]
     block = locate_entries("paged_write", block_table, seq[rows], entry, rows, block_size, num_blocks)
-    offset = entry % block_size
-    require_unique("paged_write", block * block_size + offset, rows, "one pool row")
-    pool[block, offset] = entries[rows]
-    return pool
+    require_unique("paged_write", block * block_size + entry % block_size, rows, "one pool row")
 
 
 def _scatter_entries(

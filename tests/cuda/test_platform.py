@@ -194,9 +194,25 @@ def test_default_rules_on_the_device_give_the_cpu_results(tmp_path: Path, captur
     assert device.captures == (2 if capture else 0)  # the two decode steps share a bucket
 
 
+def _ring_by_hand(ring: torch.Tensor, entries, positions, seq_ids, seq_slot, seq_end) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    out, ring_len = ring.clone(), ring.shape[1]
+    for t, (pos, s) in enumerate(zip(positions.tolist(), seq_ids.tolist(), strict=True)):
+        if s >= 0 and pos >= int(seq_end[s]) - ring_len:
+            out[int(seq_slot[s]), pos % ring_len] = entries[t]
+    return out
+
+
+def _pool_by_hand(pool: torch.Tensor, values, entry_ids, valid, rows, table) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    out, block_size = pool.clone(), pool.shape[1]
+    for t, (e, ok, s) in enumerate(zip(entry_ids.tolist(), valid.tolist(), rows.tolist(), strict=True)):
+        if ok and s >= 0 and 0 <= e < table.shape[1] * block_size and int(table[s, e // block_size]) >= 0:
+            out[int(table[s, e // block_size]), e % block_size] = values[t]
+    return out
+
+
 def test_unchecked_cache_writes_equal_the_checked_ones() -> None:
-    """The capturable (unchecked) paths of swa_write and paged_write write exactly what the checked cpu
-    rules write: rows past the ring, padding rows and invalid entries write nothing."""
+    """swa_write and paged_write, checked and unchecked (capturable), write exactly the rows a by-hand
+    loop writes: rows past the ring, padding rows and invalid entries write nothing."""
     from dsgraph.platform.cpu.rules_cache import paged_write, paged_write_into, swa_write, swa_write_into
     from dsgraph.platform.cpu.step_rows import unchecked
 
@@ -212,7 +228,8 @@ def test_unchecked_cache_writes_equal_the_checked_ones() -> None:
         torch.tensor([2, 0], dtype=torch.int32),
         torch.tensor([18, 5]).int(),
     )
-    want = swa_write(None, ring, *swa_args)
+    want = _ring_by_hand(ring, *swa_args)
+    assert torch.equal(swa_write(None, ring, *swa_args), want)
     with unchecked():
         got = swa_write_into(None, ring.clone(), *swa_args)
     assert torch.equal(got, want) and not torch.equal(want, ring)
@@ -223,7 +240,8 @@ def test_unchecked_cache_writes_equal_the_checked_ones() -> None:
     valid = torch.tensor([1, 0, 1, 1, 1, 1, 0, 0], dtype=torch.bool)
     rows = torch.tensor([0, 0, 0, 0, 1, 1, 1, -1], dtype=torch.int32)
     values = torch.randint(0, 256, (8, 3), dtype=torch.uint8, generator=gen)
-    want = paged_write(None, pool, values, entry_ids, valid, rows, table)
+    want = _pool_by_hand(pool, values, entry_ids, valid, rows, table)
+    assert torch.equal(paged_write(None, pool, values, entry_ids, valid, rows, table), want)
     with unchecked():
         got = paged_write_into(None, pool.clone(), values, entry_ids, valid, rows, table)
         nothing = paged_write_into(None, pool.clone(), values, entry_ids, valid & False, rows, table)

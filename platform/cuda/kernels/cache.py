@@ -22,7 +22,6 @@ from torch import Tensor
 from dsgraph.ops.nn import LinearParams
 from dsgraph.platform.cpu import invariant, rules_cache
 from dsgraph.platform.cpu.step_rows import (
-    locate_entries,
     per_row,
     real_rows,
     require_in_range,
@@ -44,20 +43,6 @@ def _require_contiguous(cache: Tensor, op: str, what: str) -> None:
         raise ValueError(f"{op}: {what} {tuple(cache.shape)} is not contiguous, expected a contiguous buffer")
 
 
-def _check_swa_write(
-    ring: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, seq_end: Tensor
-) -> None:
-    slots, ring_len = ring.shape[0], ring.shape[1]
-    real, seq = real_rows("swa_write", seq_ids, seq_slot.shape[0])
-    used = torch.zeros(seq_slot.shape[0], dtype=torch.bool, device=seq.device)
-    used[seq[real]] = True
-    require_in_range("swa_write", seq_slot, slots, "seq_slot", active=used)
-    keep = real & (positions.long() >= per_row(seq_end, seq, real) - ring_len)
-    rows = keep.nonzero().squeeze(1)
-    slot = per_row(seq_slot, seq, real)[rows]
-    require_unique("swa_write", slot * ring_len + positions.long()[rows] % ring_len, rows, "one ring row")
-
-
 def swa_write(
     p: Any,
     ring: Tensor,
@@ -73,7 +58,7 @@ def swa_write(
 
     _require_contiguous(ring, "swa_write", "ring")
     if should_check(entries):
-        _check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
+        rules_cache.check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
     rows, entry_bytes = entries.shape
     if rows and seq_slot.shape[0]:
         K.swa_write_kernel[(rows,)](
@@ -81,17 +66,6 @@ def swa_write(
             ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), num_warps=NUM_WARPS,
         )  # fmt: skip
     return ring
-
-
-def _check_paged_write(
-    pool: Tensor, entry_ids: Tensor, valid: Tensor, seq_ids: Tensor, block_table: Tensor
-) -> None:
-    num_blocks, block_size = pool.shape[0], pool.shape[1]
-    real, seq = real_rows("paged_write", seq_ids, block_table.shape[0])
-    rows = (valid & real).nonzero().squeeze(1)
-    entry = entry_ids.long()[rows]
-    block = locate_entries("paged_write", block_table, seq[rows], entry, rows, block_size, num_blocks)
-    require_unique("paged_write", block * block_size + entry % block_size, rows, "one pool row")
 
 
 def paged_write(
@@ -109,7 +83,7 @@ def paged_write(
 
     _require_contiguous(pool, "paged_write", "pool")
     if should_check(entries):
-        _check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
+        rules_cache.check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
     rows, entry_bytes = entries.shape
     if rows and block_table.shape[0]:
         K.paged_write_kernel[(rows,)](
