@@ -34,15 +34,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
-
-
-@triton.jit
-def e8m0_to_f32(e: tl.tensor) -> tl.tensor:
-    """UE8M0 byte -> 2^(e-127) in f32 (byte 0 is the subnormal 2^-127, 255 is NaN, as torch decodes)."""
-    e = e.to(tl.int32)
-    bits = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23))
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

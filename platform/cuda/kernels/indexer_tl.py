@@ -12,7 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsgraph.platform.cuda.kernels.attention_tl import e2m1_to_f32, e8m0_to_f32, low_dot
+from dsgraph.platform.cuda.kernels.attention_tl import e2m1_to_f32, low_dot
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
 
 
 @triton.jit

@@ -29,6 +29,7 @@ FP8_AMAX_FLOOR = 1e-4
 
 @triton.jit
 def e8m0_to_f32(e: tl.tensor) -> tl.tensor:
+    """UE8M0 byte -> 2^(e-127) in f32 (byte 0 is the subnormal 2^-127, 255 is NaN, as torch decodes)."""
     e = e.to(tl.int32)
     bits = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23))
     return bits.to(tl.float32, bitcast=True)
