@@ -174,7 +174,7 @@ class SpecDecoder:
                 continue
             row = int(start[k])
             num_emitted[k], accepted[k], emitted[row] = 1, 0, info.forced
-            logprobs[row] = torch.log_softmax(logits[row].float(), -1)[info.forced]
+            logprobs[row] = float(torch.log_softmax(logits[row].float(), -1)[info.forced])  # to the host
 
     def draft(self, plan: StepPlan, v: Verified, seqs: Sequence[SeqInfo | None]) -> tuple[np.ndarray, ...]:
         """Drafts for every sequence that emitted tokens and goes on: (tokens [seqs, nextn] i32, lengths
@@ -214,8 +214,9 @@ class SpecDecoder:
             self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
             self.draft_passes += 1
             width = min(self.nextn, out.tokens.shape[1])
+            slots = torch.tensor([req.slot for _, req in todo], dtype=torch.long, device=self.pool.device)
+            self.pool[slots, :width] = out.logprobs[:, :width]  # one copy for the whole batch
             for i, (k, req) in enumerate(todo):
-                self.pool[req.slot, :width] = out.logprobs[i, :width]
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
                 self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
