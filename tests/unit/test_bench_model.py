@@ -78,3 +78,11 @@ def test_meta_weights_match_the_random_ones(tmp_path: Path) -> None:
         assert {k: (tuple(v.shape), v.dtype) for k, v in meta.items()} == {
             k: (tuple(v.shape), v.dtype) for k, v in got.items()
         }
+
+
+def test_the_wider_bench_model_shares_weights_layer_by_kind() -> None:
+    from dsgraph.tools.bench.model_bench import layer_map
+
+    # by hand from the two configs' layer tables: the 4 added Reuse layers take a Reuse layer's weights
+    want = {0: 0, 1: 1, 2: 2, 3: 3, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6, 9: 7, 10: 7, 11: 7}
+    assert layer_map(bench_config(), bench_config(extra_reuse=2)) == want

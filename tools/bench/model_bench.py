@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.models.deepseek_v41.config import ModelConfig
+from dsgraph.models.deepseek_v41.layers_plan import LayerPlan, layer_plans
 from dsgraph.models.deepseek_v41.model import V41Model, build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
@@ -45,6 +46,29 @@ def synthetic_token_map(cfg: ModelConfig) -> list[int]:
 def make_model(cfg: ModelConfig, max_len: int, *, dspark: bool = False) -> V41Model:
     geo = default_geometry(cfg.text, max_len)
     return build_model(cfg, synthetic_token_map(cfg), SERVING, geo, dspark=dspark)
+
+
+def layer_map(base: ModelConfig, wider: ModelConfig) -> dict[int, int]:
+    """wider layer -> the base layer of the same kind (mode, ratio, Engram) whose weights it shares: the
+    k-th layer of a kind takes the base's k-th of that kind, or its last when the base has fewer."""
+
+    def kind(p: LayerPlan) -> tuple[object, ...]:
+        return (p.mode, p.ratio, p.engram_table >= 0)
+
+    by_kind: dict[tuple[object, ...], list[int]] = {}
+    for p in layer_plans(base.text):
+        by_kind.setdefault(kind(p), []).append(p.index)
+    seen: dict[tuple[object, ...], int] = {}
+    out = {}
+    for p in layer_plans(wider.text):
+        k = kind(p)
+        if k not in by_kind:
+            raise ValueError(
+                f"layer {p.index} of the wider model ({p.as_text()}) has no kind in the base model"
+            )
+        out[p.index] = by_kind[k][min(seen.get(k, 0), len(by_kind[k]) - 1)]
+        seen[k] = seen.get(k, 0) + 1
+    return out
 
 
 def alias_layers(weights: Mapping[str, Tensor], layer_map: Mapping[int, int]) -> dict[str, Tensor]:

@@ -23,15 +23,13 @@ from dsgraph.tools.bench.model_bench import (
     Plan,
     alias_layers,
     decode_cases,
+    layer_map,
     make_model,
     prefill_cases,
     synthetic_token_map,
 )
 from dsgraph.tools.bench.model_config import bench_config
 from dsgraph.tools.bench.weights_gpu import random_serving_weights
-
-# the 12-layer variant's layer -> the 8-layer model's layer whose weights it shares
-WIDER_LAYERS = {0: 0, 1: 1, 2: 2, 3: 3, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6, 9: 7, 10: 7, 11: 7}
 
 
 def commit() -> str:
@@ -65,7 +63,7 @@ def model_part(plan: Plan, cal: Any, weights: dict, deadline: float) -> dict[str
         "decode": decode_cases(cfg, weights, plan, cal, deadline),
     }
     wider_cfg = bench_config(extra_reuse=2)
-    wider = alias_layers(weights, WIDER_LAYERS)
+    wider = alias_layers(weights, layer_map(cfg, wider_cfg))
     short = replace(plan, decode_contexts=plan.decode_contexts[:1])
     out["wider_decode"] = decode_cases(wider_cfg, wider, short, cal, deadline)
     out["wider_prefill"] = prefill_cases(
