@@ -122,7 +122,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
         "tokens_per_s": chunk / (ms * 1e-3),
         "gemm_tflops": flops / (ms * 1e-3) / 1e12,
         "fraction_of_fp8_gemm": flops / (ms * 1e-3) / 1e12 / cal.fp8_gemm_tflops,
-        "captures": getattr(session, "captures", None),
+        "captures": session.captures,
         **({"profile": profile} if profile else {}),
     }
 
