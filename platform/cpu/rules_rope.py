@@ -18,16 +18,27 @@ from torch import Tensor
 from dsgraph.ops.rope import yarn_bounds
 from dsgraph.platform.cpu import invariant
 
+_TABLES: dict[tuple[Any, str], Tensor] = {}
+
 
 def rope_frequencies(p: Any, device: torch.device | None = None) -> Tensor:
-    """f32 [rope_dim / 2]: the angular frequency w_j of pair j, YaRN-corrected when yarn_factor > 1."""
-    exponents = torch.arange(0, p.rope_dim, 2, dtype=torch.float32, device=device) / p.rope_dim
+    """f32 [rope_dim / 2]: the angular frequency w_j of pair j, YaRN-corrected when yarn_factor > 1.
+
+    Always computed on the host and then moved: a device's pow may differ by an ulp, which positions
+    near 1M turn into angles off by 0.1 rad. Tables on a device are kept per (params, device), filled
+    by the eager run that precedes every CUDA-graph capture."""
+    key = (p, str(device if device is not None else "cpu"))
+    if key not in _TABLES:
+        _TABLES[key] = _host_frequencies(p).to(device if device is not None else "cpu")
+    return _TABLES[key]
+
+
+def _host_frequencies(p: Any) -> Tensor:
+    exponents = torch.arange(0, p.rope_dim, 2, dtype=torch.float32) / p.rope_dim
     freqs = 1.0 / (p.theta**exponents)
     if p.yarn_factor > 1.0:
         lo, hi = yarn_bounds(p.rope_dim, p.theta, p.beta_fast, p.beta_slow, p.original_max)
-        ramp = (
-            (torch.arange(p.rope_dim // 2, dtype=torch.float32, device=device) - lo) / max(hi - lo, 1e-3)
-        ).clamp(0, 1)
+        ramp = ((torch.arange(p.rope_dim // 2, dtype=torch.float32) - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
         freqs = freqs / p.yarn_factor * ramp + freqs * (1 - ramp)
     return freqs
 

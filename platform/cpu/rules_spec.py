@@ -43,19 +43,20 @@ def _segments(start: Tensor, length: Tensor, outs: int) -> _Segments:
             f"spec_verify: sequence {s} has verify_start {int(start[s])} and verify_len {int(length[s])}; "
             f"expected verify_len >= 0 and rows inside 0..{outs - 1}"
         )
-    seq = torch.repeat_interleave(torch.arange(start.shape[0]), length)
+    dev = start.device
+    seq = torch.repeat_interleave(torch.arange(start.shape[0], device=dev), length)
     offsets = torch.cumsum(length, 0) - length
-    index = torch.arange(seq.shape[0]) - offsets[seq]
+    index = torch.arange(seq.shape[0], device=dev) - offsets[seq]
     rows = start[seq] + index
     count = torch.bincount(rows, minlength=outs)
     if bool((count > 1).any()):
         r = int((count > 1).nonzero()[0, 0])
         owners = seq[rows == r].tolist()
         raise ValueError(f"spec_verify: row {r} belongs to sequences {owners}; each row to at most one")
-    row_seq = torch.full((outs,), -1, dtype=torch.long)
-    row_index = torch.full((outs,), -1, dtype=torch.long)
+    row_seq = torch.full((outs,), -1, dtype=torch.long, device=dev)
+    row_index = torch.full((outs,), -1, dtype=torch.long, device=dev)
     row_seq[rows], row_index[rows] = seq, index
-    is_bonus = torch.zeros(outs, dtype=torch.bool)
+    is_bonus = torch.zeros(outs, dtype=torch.bool, device=dev)
     is_bonus[rows] = index == length[seq] - 1
     return _Segments(row_seq, row_index, is_bonus)
 
@@ -93,7 +94,8 @@ def _verify_rows(
     d = process(logits, *params)
     n, vocab = logits.shape
     probs = torch.softmax(d.log_probs, dim=-1)  # p_t in sorted order
-    rank_of = torch.empty_like(d.order).scatter_(1, d.order, torch.arange(vocab).expand(n, vocab))
+    vocab_ids = torch.arange(vocab, device=logits.device).expand(n, vocab)
+    rank_of = torch.empty_like(d.order).scatter_(1, d.order, vocab_ids)
     draft_rank = rank_of.gather(1, draft.long().clamp(0, vocab - 1).unsqueeze(1))
     p_draft = torch.softmax(draft_logprobs.double(), dim=-1).gather(1, d.order)  # p_d in sorted order
     pt_d, pd_d = probs.gather(1, draft_rank).squeeze(1), p_draft.gather(1, draft_rank).squeeze(1)
@@ -163,7 +165,7 @@ def _emit(
     stops = owned & (seg.is_bonus | ~accept)
     seqs = verify_len.shape[0]
     big = torch.iinfo(torch.long).max
-    first_stop = torch.full((seqs,), big, dtype=torch.long).scatter_reduce(
+    first_stop = torch.full((seqs,), big, dtype=torch.long, device=draft_token.device).scatter_reduce(
         0, seg.row_seq.clamp_min(0), torch.where(stops, seg.index, big), "amin"
     )
     num_accepted = torch.where(verify_len > 0, first_stop, -1)

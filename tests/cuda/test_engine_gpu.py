@@ -24,7 +24,10 @@ def test_platform_is_validated() -> None:
 
 
 def _tokens(llm: LLM, params: SamplingParams) -> list[tuple[int, ...]]:
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    outs = llm.generate(PROMPTS, params)
+    errors = [(i, o.error) for i, o in enumerate(outs) if o.error is not None]
+    assert not errors, f"requests failed inside the engine: {errors}"
+    return [o.outputs[0].token_ids for o in outs]
 
 
 @pytest.mark.gpu
@@ -50,3 +53,35 @@ def test_cuda_drafting_keeps_greedy_tokens(tmp_path_factory: pytest.TempPathFact
     assert _tokens(drafted, GREEDY) == _tokens(plain, GREEDY)
     stats = drafted.engine.spec_stats()
     assert stats is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_cuda_deterministic_drafting_keeps_seeded_tokens(
+    tmp_path_factory: pytest.TempPathFactory, batch: int
+) -> None:
+    """Deterministic mode on the GPU: seeded tokens equal a non-drafting GPU run at batch 1, 7 and 32,
+    with confidence scheduling on and drafts accepted at every length (the hook feeds the reference
+    continuation with one draft made wrong, at a place that moves every call)."""
+    from tests.e2e.test_spec_decode import PARAMS, hook_reference
+    from tests.e2e.test_spec_decode import PROMPTS as DET_PROMPTS
+
+    model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
+    kw = {"numerics": "reference", "max_model_len": 64, "platform": "cuda"}
+    n = len(DET_PROMPTS)  # the hook looks each request's continuation up by its prompt
+    plain = LLM(model_dir, speculative="off", max_num_seqs=32, **kw)
+    reference = [o.outputs[0].token_ids for o in plain.generate(DET_PROMPTS, PARAMS)]
+    det = LLM(
+        model_dir,
+        speculative="dspark",
+        deterministic=True,
+        draft_pause=False,
+        max_num_seqs=batch,
+        throughput_curve=((1, 8, 32, 64, 128, 256), (10.0, 10.2, 10.5, 20.0, 40.0, 80.0)),
+        **kw,
+    )
+    hook_reference(det, reference)
+    got = det.generate(DET_PROMPTS, PARAMS)
+    assert [o.error for o in got] == [None] * n
+    assert [o.outputs[0].token_ids for o in got] == reference
+    assert det.engine.spec_stats()["accepted_tokens"] > 0  # type: ignore[index]

@@ -4,9 +4,10 @@
 Numerics against platform/cpu/rules_core.rms_norm and rules_rope.rope:
 - rms_norm: the sum of squares is added in another order than torch's mean (a few f32 ulps in the
   factor, so at most one ulp of the output dtype now and then); the rest is the cpu rule's arithmetic;
-- rope: the frequency table is the cpu helper's (torch, cached per params and device); cos/sin are the
-  f64 values rounded to f32 (the cpu rule's C-library cosf/sinf agree except in rare near-midpoint
-  cases); angles and the rotation round as the cpu rule does, so results are nearly always bit-equal.
+- rope: the frequency table is the cpu helper's (computed on the host, kept per params and device);
+  cos/sin are the f64 values rounded to f32 (the cpu rule's C-library cosf/sinf agree except in rare
+  near-midpoint cases); angles and the rotation round as the cpu rule does, so results are nearly
+  always bit-equal.
 Batch invariant: each program reads one row (rms_norm) or one token's heads (rope), tiles fixed by the
 shapes. CPU tensors without Triton's interpreter go to the cpu rules.
 """
@@ -27,7 +28,6 @@ __all__ = ["RULES", "rms_norm", "rope"]
 NORM_BLOCK = 1024  # columns per step of rms_norm's two passes over a row
 ROPE_BLOCK_H = 4  # heads per rope program (64 query heads: 16 programs per token at decode)
 NUM_WARPS = 4
-_FREQS: dict[tuple[Any, str], Tensor] = {}
 
 
 def rms_norm(p: Any, x: Tensor, w: Tensor) -> Tensor:
@@ -47,17 +47,6 @@ def rms_norm(p: Any, x: Tensor, w: Tensor) -> Tensor:
     return out
 
 
-def _frequencies(p: Any, device: torch.device) -> Tensor:
-    """The cpu rule's f32 [rope_dim / 2] table; computed once per (params, device) outside graph capture."""
-    key = (p, str(device))
-    if key not in _FREQS:
-        freqs = rules_rope.rope_frequencies(p, device)
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return freqs  # made inside a capture: owned by the graph's pool, not kept
-        _FREQS[key] = freqs
-    return _FREQS[key]
-
-
 def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
     if not runs_kernels(x) or x.dim() < 2 or p.rope_dim % 2 or x.shape[-1] < p.rope_dim:
         return rules_rope.rope(p, x, positions)
@@ -69,7 +58,8 @@ def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
     if tokens and width:
         grid = (tokens, triton_cdiv(heads, ROPE_BLOCK_H))
         K.rope_kernel[grid](
-            x.contiguous(), positions.contiguous(), _frequencies(p, x.device), out, heads, D=width,
+            x.contiguous(), positions.contiguous(), rules_rope.rope_frequencies(p, x.device), out, heads,
+            D=width,
             ROPE=p.rope_dim, INVERSE=bool(p.inverse), BLOCK_H=ROPE_BLOCK_H,
             BLOCK_D=next_pow2(max(width - p.rope_dim, 1)), BLOCK_P=next_pow2(max(p.rope_dim // 2, 1)),
             OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,

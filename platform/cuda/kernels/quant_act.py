@@ -65,7 +65,6 @@ def cache_encode(p: Any, x: Tensor) -> Tensor:
     return out
 
 
-# Tested under Triton's CPU interpreter and compiled for sm_90 offline, not yet run on a GPU: the cuda
-# platform uses these rules only with DSGRAPH_CUDA_KERNELS=all until they pass tests/cuda on the H200.
-GPU_VERIFIED = False
+# Passed tests/cuda on the H200 (bench/logs/pytest-cuda-h200-07aac17.log): on by default.
+GPU_VERIFIED = True
 RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}
