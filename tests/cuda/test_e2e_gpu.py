@@ -22,11 +22,11 @@ import torch
 from dsgraph.graph.ir import Lit
 from dsgraph.graph.passes import specialize
 from dsgraph.models.deepseek_v41.numerics import REFERENCE, SERVING, Numerics
-from dsgraph.platform.cpu import rules_core
 from dsgraph.platform.cpu.interpret import literal
 from dsgraph.platform.cpu.target import PLATFORM as CPU
 from dsgraph.platform.registry import lower
 from dsgraph.runtime.session import Session
+from tests.cuda import bounds
 from tests.oracle import model_fixtures as fx
 
 pytestmark = pytest.mark.gpu
@@ -135,21 +135,17 @@ def teacher_forced(
 
 
 def _gemm_bound(eqn: Any, operands: list[torch.Tensor]) -> torch.Tensor | None:
-    """Per output element of a linear/grouped_linear with FP8 activations: the accumulation bound of
-    tests/cuda/test_linear.py, (2^-10 + 2 k 2^-24) * (|x'| @ |w'|^T). Hopper's FP8 tensor cores align
-    the products of a 32-column chunk to ~14 bits, so the error scales with the sum of |products|, not
-    with the result (which cancels); other GEMMs keep the generic bound."""
-    if eqn.op not in ("linear", "grouped_linear") or eqn.params.act_quant != "fp8_g32":
-        return None
-    xf, wf = rules_core.linear_operands(eqn.params, *operands)
-    k = wf.shape[1]
-    if eqn.op == "linear":
-        abs_sum = xf.abs() @ wf.abs().t()
-    else:  # group g against rows g*n .. (g+1)*n - 1
-        groups = xf.shape[-2]
-        per_group = wf.abs().reshape(groups, wf.shape[0] // groups, k)
-        abs_sum = torch.einsum("...gk,gnk->...gn", xf.abs(), per_group)
-    return (2.0**-10 + 2 * k * 2.0**-24) * abs_sum
+    """Per output element, the absolute bound of a sum computed on FP8 tensor cores (tests/cuda/bounds.py):
+    linear/grouped_linear with FP8 activations, (2^-10 + 2 k 2^-24) |x'| @ |w'|^T; moe_experts with
+    FP8 activations, 2^-6 S. The other ops keep the generic bound."""
+    act_quant = getattr(eqn.params, "act_quant", "none")
+    if eqn.op in ("linear", "grouped_linear") and act_quant == "fp8_g32":
+        k = operands[0].shape[-1]
+        return (bounds.FP8_DOT_TOL + 2 * k * 2.0**-24) * bounds.linear_abs_sum(eqn.op, eqn.params, operands)
+    if eqn.op == "moe_experts" and act_quant == "fp8_g32":
+        x, ids, weights, *ws = operands
+        return bounds.MOE_GPU_TOL * bounds.moe_magnitude(eqn.params, x, ids, weights, tuple(ws))
+    return None
 
 
 def _check_gemm(what: str, got: torch.Tensor, want: torch.Tensor, abs_bound: torch.Tensor) -> None:

@@ -33,6 +33,7 @@ from dsgraph.platform.cpu import rules_moe  # noqa: E402
 from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp4_rows_quantize  # noqa: E402
 from dsgraph.platform.cpu.step_rows import rowwise_linear  # noqa: E402
 from dsgraph.platform.cuda.kernels import moe as cuda_moe  # noqa: E402
+from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 
 
@@ -62,24 +63,11 @@ def _routing(rows: int, num_experts: int, k: int, gen: torch.Generator) -> tuple
     return ids, torch.rand(rows, k, generator=gen) + 0.1
 
 
-def _magnitude(p: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ws: tuple) -> torch.Tensor:
-    """S of the module docstring, from the cpu rule's own steps."""
-    out = torch.zeros(x.shape, dtype=torch.float32)
-    xin = rules_moe._gemm_input(p, x, x.dtype)
-    for e in torch.unique(ids[ids >= 0]).tolist():
-        rows, slots = torch.nonzero(ids == e, as_tuple=True)
-        w1, w3, w2 = rules_moe._expert_weights(p, e, ws)
-        g, v = rules_moe._gemm(p, xin[rows], w1), rules_moe._gemm(p, xin[rows], w3)
-        act = rules_moe.swiglu_f32(g, v, p.swiglu_limit) * weights[rows, slots, None]
-        out.index_add_(0, rows, rowwise_linear(act.abs(), w2.abs()))
-    return out
-
-
 def _compare_experts(p: Any, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ws: tuple) -> None:
     ref = rules_moe.moe_experts(p, x, ids, weights, *ws)
     got = cuda_moe.moe_experts(p, *_dev((x, ids, weights)), *_dev(ws)).cpu()
     assert got.dtype == ref.dtype and got.shape == ref.shape
-    scale = _magnitude(p, x, ids, weights, ws)
+    scale = moe_magnitude(p, x, ids, weights, ws)
     tol = 2.0**-6 if ON_GPU else 2.0**-10
     excess = (got.float() - ref.float()).abs() - tol * scale - torch.finfo(ref.dtype).eps * ref.float().abs()
     worst = int(excess.argmax())
@@ -166,7 +154,7 @@ def test_moe_experts_real_widths_on_gpu(rows: int) -> None:
     got = cuda_moe.moe_experts(p, *_dev((x, ids, weights)), *ws).cpu()
     small_ws, small_ids = _compact_experts(ws, ids)
     ref = rules_moe.moe_experts(p, x, small_ids, weights, *small_ws)
-    scale = _magnitude(p, x, small_ids, weights, small_ws)
+    scale = moe_magnitude(p, x, small_ids, weights, small_ws)
     assert ((got - ref).abs() <= 2.0**-6 * scale + 1e-6 * ref.abs()).all()
 
 
