@@ -22,7 +22,7 @@ from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.tools.bench.calibrate import Calibration
-from dsgraph.tools.bench.profile import op_profile
+from dsgraph.tools.bench.profile import captured_kernels, op_profile
 from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
 from dsgraph.tools.bench.timing import time_ms
 from dsgraph.tools.bench.traffic import active_weight_elements, decode_bytes
@@ -115,6 +115,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
     step = prefill_step(model, chunk)
     ms = time_ms(lambda: session.run(step), warmup=2, repeats=5)
     profile = op_profile(session, step) if chunk == 4096 else None
+    kernels = _captured_kernels(session, step) if chunk == 4096 else None
     flops = 2 * chunk * active_weight_elements(model)
     return {
         "chunk": chunk,
@@ -124,6 +125,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
         "fraction_of_fp8_gemm": flops / (ms * 1e-3) / 1e12 / cal.fp8_gemm_tflops,
         "captures": session.captures,
         **({"profile": profile} if profile else {}),
+        **({"captured_kernels": kernels} if kernels else {}),
     }
 
 
@@ -134,9 +136,12 @@ def decode_case(
     step = decode_step(model, batch, ctx)
     ms = time_ms(lambda: session.run(step), warmup=3, repeats=10)
     nbytes = decode_bytes(model, weights, batch, ctx)
-    profile = op_profile(session, step) if batch in (1, 64) and ctx == 8192 else None
+    profiled = batch in (1, 64) and ctx == 8192
+    profile = op_profile(session, step) if profiled else None
+    kernels = _captured_kernels(session, step) if profiled else None
     return {
         **({"profile": profile} if profile else {}),
+        **({"captured_kernels": kernels} if kernels else {}),
         "batch": batch,
         "context": ctx,
         "ms": ms,
@@ -145,6 +150,13 @@ def decode_case(
         "bytes_read": nbytes,
         "fraction_of_copy_bandwidth": nbytes / (ms * 1e-3) / 1e9 / cal.copy_gbps,
     }
+
+
+def _captured_kernels(session: Session, step: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return captured_kernels(lambda: session.run(step))
+    except Exception as exc:  # noqa: BLE001  (a profiler failure must not cost the case)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def prefill_cases(

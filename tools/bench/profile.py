@@ -37,3 +37,30 @@ def op_profile(session: Session, step: Mapping[str, np.ndarray], top: int = 12) 
         "sum_ms": total,
         "ops": [{"op": op, "ms": ms, "count": n, "share": ms / total} for op, ms, n in rows[:top]],
     }
+
+
+def captured_kernels(run: Any, top: int = 15) -> dict[str, Any]:
+    """The GPU kernels of one captured step replay (`run()` replays it), from torch.profiler (CUPTI): how
+    many kernels the step launches and which take the time. Unlike `op_profile` there is no launch
+    overhead per equation here, so this is where a captured step's time really goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            per_kernel.setdefault(e.name, []).append(e.device_time * 1e-3)  # us -> ms
+    total = sum(sum(v) for v in per_kernel.values())
+    rows = sorted(((k, sum(v), len(v)) for k, v in per_kernel.items()), key=lambda r: -r[1])
+    return {
+        "kernels": sum(n for _, _, n in rows),
+        "kernel_ms": total,
+        "top": [
+            {"kernel": k[:120], "ms": ms, "count": n, "share": ms / total if total else 0.0}
+            for k, ms, n in rows[:top]
+        ],
+    }
