@@ -184,6 +184,12 @@ class StepPlan:
         """[bucket] int32; padding rows 0."""
 
     @property
+    def token_src(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
+        """
+        [bucket] int32: the previous step's sample row whose token this row takes (overlapped scheduling; token_ids holds 0 there), else -1.
+        """
+
+    @property
     def positions(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None,), writable=False)]:
         """[bucket] int32; padding rows 0."""
 
@@ -264,6 +270,10 @@ class StepPlan:
         """
         [seqs, lookback_len] int32, most recent token first, -1 before position 0.
         """
+
+    @property
+    def lookback_src(self) -> Annotated[NDArray[numpy.int32], dict(shape=(None, None), writable=False)]:
+        """[seqs, lookback_len] int32: as token_src, for the lookback entries."""
 
     def block_table(self, ratio: int) -> Annotated[NDArray[numpy.int32], dict(shape=(None, None), writable=False)]:
         """
@@ -463,6 +473,28 @@ class Scheduler:
         """
         update(...) then schedule() in one call: (events of the committed step, the next plan).
         """
+
+    def advance_ahead(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[list[tuple[int, int, bool, str | None]], StepPlan]:
+        """
+        Overlapped step: resolve(sampled) the step awaiting its tokens (none: sampled empty, pending aborts returned), commit the plan in flight before its tokens are known (commit_ahead), plan the next step: (events of the resolved step, the next plan).
+        """
+
+    def commit_ahead(self) -> None:
+        """
+        Commit the plan in flight with its sampled tokens still unknown (resolve() gives them).
+        """
+
+    def resolve(self, sampled: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[tuple[int, int, bool, str | None]]:
+        """
+        int32 tokens of the step commit_ahead() committed, one per sample row: (rid, token, finished, reason) per emitted token, after pending aborts (token -1).
+        """
+
+    @property
+    def has_unresolved(self) -> bool: ...
+
+    @property
+    def done_step(self) -> int:
+        """Every step up to this one has run and is committed with its tokens."""
 
     def drafts_of(self, rid: int) -> list[int]:
         """The drafts a request holds now."""

@@ -1,7 +1,8 @@
 """The engine loop: C++ scheduler -> Session (model step) -> sampler -> scheduler update, one step
 per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs. With
 DSpark speculative decoding on, the sampler step verifies drafts and the drafter runs before the update
-(runtime/spec_engine.py)."""
+(runtime/spec_engine.py). With overlap on, the next step is planned and launched before this one's
+tokens reach the host (zero-overhead scheduling, runtime/engine_overlap.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
+from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
+from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan, model_inputs
@@ -69,9 +72,15 @@ class EngineConfig:
     # the draft pass with the curve (when the curve is profiled) and corrects it from measured passes.
     draft_pause: bool = True
     draft_cost: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    # Zero-overhead scheduling (runtime/engine_overlap.py): the host commits step N, detokenizes and plans
+    # step N+2 while the device runs step N+1. "auto": on for platform cuda without DSpark drafting, off
+    # on cpu; "on" / "off". Steps with prompt logprobs or teacher-forced tokens run without overlap.
+    overlap: str = "auto"
 
     def __post_init__(self) -> None:
         check_spec_config(self)
+        if self.overlap not in ("auto", "on", "off"):
+            raise ValueError(f"overlap: {self.overlap!r}, expected 'auto', 'on' or 'off'")
         if self.prefix_replay not in ("window", "exact"):
             raise ValueError(f"prefix_replay: {self.prefix_replay!r}, expected 'window' or 'exact'")
         if self.platform not in ("cpu", "cuda"):
@@ -167,6 +176,7 @@ class Engine:
             ),
             curve,
         )
+        self.overlap = OverlapLoop(self) if resolve_overlap(config, spec.enabled) else None
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
@@ -248,7 +258,11 @@ class Engine:
     @property
     def has_unfinished(self) -> bool:
         # a request aborted while in the planned step holds its caches until that step is committed
-        return self.scheduler.has_unfinished or (self._plan is not None and self._plan.bucket > 0)
+        return (
+            self.scheduler.has_unfinished
+            or (self._plan is not None and self._plan.bucket > 0)
+            or (self.overlap is not None and self.overlap.busy)
+        )
 
     def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
         """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
@@ -265,18 +279,20 @@ class Engine:
                 meta.append((rid, int(positions[t]) + 1))
         return rows, meta
 
-    def _run(self, plan) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        """The model step; logits of the sampled rows (prompt logprobs are recorded on the way)."""
+    def _run(self, plan, fix: InputFix | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        """The model step; logits of the sampled rows (prompt logprobs are recorded on the way). `fix`:
+        inputs taken from the previous step's device samples (overlapped scheduling)."""
         inputs = model_inputs(plan)
         rows, meta = self._prompt_rows(plan)
+        run = self.session.run if fix is None else lambda step: self.session.run(step, fix)
         if not rows:
-            return self.session.run(inputs)
+            return run(inputs)
         n = len(plan.sample_rows)
         inputs = {
             **inputs,
             "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
         }
-        logits = self.session.run(inputs)
+        logits = run(inputs)
         logprobs = torch.log_softmax(logits[n:].double(), -1)
         for i, (rid, pos) in enumerate(meta):
             live = self.live[rid]
@@ -287,10 +303,17 @@ class Engine:
         """One model step; returns the tokens it produced (one event per sampled request).
 
         The plan of a step is made by the previous step's single native call (`advance`: commit that
-        step, plan this one), so a request added in between joins one step later.
+        step, plan this one), so a request added in between joins one step later. With overlap on, the
+        tokens returned are those of the step launched by the previous call (engine_overlap.py).
         """
+        if self.overlap is not None:
+            return self.overlap.step()
         plan = self._plan if self._plan is not None else self.scheduler.schedule()
         self._plan = None
+        return self._plain_step(plan)
+
+    def _plain_step(self, plan, fix: InputFix | None = None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """Run, sample and commit `plan` (then plan the next step) in one go."""
         if plan.bucket == 0:
             events, self._plan = self.scheduler.advance([])
             return [self._abort_event(e) for e in events if e.reason == "abort"]
@@ -300,7 +323,7 @@ class Engine:
         self._count_cached(plan)
         try:
             start = time.perf_counter()
-            logits = self._run(plan)
+            logits = self._run(plan, fix)
             if self.spec is None:
                 s, num_emitted, drafts = self._sample(plan, logits), None, None
             else:
@@ -309,6 +332,10 @@ class Engine:
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
         events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
+        return self._token_events(plan, s, events, num_emitted)
+
+    def _token_events(self, plan, s: Samples, events, num_emitted=None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """The TokenEvents of a committed step's scheduler events (`s`: its samples on the host)."""
         rows = _emitted_rows(plan, num_emitted)
         out = []
         for e in events:
@@ -320,13 +347,14 @@ class Engine:
                 out.append(self._fail(e.rid, exc))
         return out
 
-    def _sample(self, plan, logits: torch.Tensor) -> Samples:  # type: ignore[no-untyped-def]
+    def _sample(self, plan, logits: torch.Tensor, to_host: bool = True) -> Samples:  # type: ignore[no-untyped-def]
         # a released abort may sit in the plan
         live = [self.live.get(int(r), _RELEASED) for r in plan.sample_rids]
         rows = torch.from_numpy(np.array(plan.sample_rows)).long()
         positions = torch.from_numpy(np.array(plan.positions))[rows]
-        s = self.sampler.sample(logits, [lv.params for lv in live], [lv.seed for lv in live], positions + 1)
-        return _force(s, logits, live)
+        params, seeds = [lv.params for lv in live], [lv.seed for lv in live]
+        s = self.sampler.sample(logits, params, seeds, positions + 1, to_host=to_host)
+        return _force(s, logits, live) if to_host else s  # overlapped steps force nothing (engine_overlap)
 
     def _verify_and_draft(
         self, plan: StepPlan, logits: torch.Tensor, forward_ms: float
@@ -401,10 +429,13 @@ class Engine:
     def _fail_plan(self, plan, exc: Exception) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """The step failed before sampling: fail every request in it, then commit the plan with
         placeholder tokens, which the scheduler drops for aborted requests."""
-        rids = dict.fromkeys(int(r) for r in plan.seq_rids[: plan.num_seqs])
-        failed = [self._fail(r, exc) for r in rids if r in self.live and self.live[r].finish is None]
+        failed = self._fail_requests(plan, exc)
         self._skip(plan)
         return failed
+
+    def _fail_requests(self, plan, exc: Exception) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        rids = dict.fromkeys(int(r) for r in plan.seq_rids[: plan.num_seqs])
+        return [self._fail(r, exc) for r in rids if r in self.live and self.live[r].finish is None]
 
     def _skip(self, plan) -> None:  # type: ignore[no-untyped-def]
         """Commit a plan without running it; only valid when all its requests were aborted (the

@@ -107,13 +107,82 @@ class Sampler:
         params: Sequence[SamplingParams],
         seeds: Sequence[int],
         positions: torch.Tensor,
+        *,
+        to_host: bool = True,
     ) -> Samples:
-        """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i]."""
+        """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i]. With
+        `to_host` False the samples stay where the logits are (`SampleCopies` brings them back)."""
         args = [logits.float(), *self._rows(params, seeds), positions.to(torch.int32)]
-        args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
+        # sampling runs where the logits are; host-to-device copies of pageable memory do not wait
+        args = [a.to(logits.device, non_blocking=True) for a in args]
         n = logits.shape[0]
         if n not in self.programs:
             self.programs[n] = lower(specialize(self.graph, {"outs": n}), "cpu")
         out = run_program(self.programs[n], args)
-        # sampled on the device; the small results come back to the host (detokenization, scheduling)
-        return Samples(*(out[k].cpu() for k in ("token", "logprob", "top_logprobs", "top_ids")))
+        s = Samples(*(out[k] for k in ("token", "logprob", "top_logprobs", "top_ids")))
+        # the small results come back to the host (detokenization, scheduling)
+        return _to_host(s) if to_host else s
+
+
+def _to_host(s: Samples) -> Samples:
+    return Samples(s.tokens.cpu(), s.logprobs.cpu(), s.top_logprobs.cpu(), s.top_ids.cpu())
+
+
+@dataclass(frozen=True)
+class PendingSamples:
+    """A step's samples on their way to the host: `wait()` is the step's one host sync."""
+
+    host: Samples
+    ready: Any  # torch.cuda.Event, or None when the samples are on the host already
+
+    def wait(self) -> Samples:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host
+
+
+class SampleCopies:
+    """Brings device samples back with one non-blocking copy per tensor into pinned host buffers and an
+    event. Two buffer sets alternate: a step's host samples stay valid while the next step's copy runs
+    (they are read before the step after that is sampled)."""
+
+    def __init__(self) -> None:
+        self._sets: list[Samples | None] = [None, None]
+        self._turn = 0
+
+    def start(self, s: Samples) -> PendingSamples:
+        if s.tokens.device.type != "cuda":
+            return PendingSamples(_to_host(s), None)
+        n = s.tokens.shape[0]
+        buffers = self._buffers(s)
+        host = Samples(
+            *(b[:n] for b in (buffers.tokens, buffers.logprobs, buffers.top_logprobs, buffers.top_ids))
+        )
+        for dst, src in zip(
+            (host.tokens, host.logprobs, host.top_logprobs, host.top_ids),
+            (s.tokens, s.logprobs, s.top_logprobs, s.top_ids),
+            strict=True,
+        ):
+            dst.copy_(src, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return PendingSamples(host, ready)
+
+    def _buffers(self, s: Samples) -> Samples:
+        """This turn's pinned buffers, grown to at least the samples' rows."""
+        i, self._turn = self._turn, 1 - self._turn
+        have = self._sets[i]
+        if (
+            have is None
+            or have.tokens.shape[0] < s.tokens.shape[0]
+            or have.top_ids.shape[1:] != s.top_ids.shape[1:]
+        ):
+            rows = max(s.tokens.shape[0], 0 if have is None else have.tokens.shape[0])
+            have = Samples(
+                *(
+                    torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+                    for t in (s.tokens, s.logprobs, s.top_logprobs, s.top_ids)
+                )
+            )
+            self._sets[i] = have
+        return have

@@ -2,7 +2,9 @@
 
 The scheduler plans one step per `schedule()` call: a decode row for every running request, then
 prefill chunks of waiting requests in FCFS order within `max_num_batched_tokens`; `update(sampled)`
-commits the step. Policies (preemption victim, prefix-cache replay, finish reasons) are documented in
+commits the step. With overlapped scheduling `advance_ahead` commits a step before its tokens are
+known and plans the next one, and `resolve` (inside the following `advance_ahead`) writes them.
+Policies (preemption victim, prefix-cache replay, finish reasons, overlap) are documented in
 `runtime/csrc/scheduler.h`. This module adds the config dataclass, argument conversion and the
 mapping from a `StepPlan` to the model's step inputs (`models/deepseek_v41/step_io.py`).
 
@@ -280,6 +282,21 @@ class Scheduler:
         """`update(...)` then `schedule()` in one native call: the engine's one crossing per step."""
         events, plan = self.native.advance(*commit_arrays(sampled, num_emitted, drafts))
         return [StepEvent(*e) for e in events], plan
+
+    def advance_ahead(self, sampled: Sequence[int] | np.ndarray) -> tuple[list[StepEvent], StepPlan]:
+        """Overlapped step, one native call: resolve the step awaiting its tokens (`sampled`, one per sample
+        row; empty when none awaits), commit the plan in flight before its tokens are known, plan the next
+        step (its rows after an unknown token carry `token_src`)."""
+        events, plan = self.native.advance_ahead(as_tokens(sampled, "sampled"))
+        return [StepEvent(*e) for e in events], plan
+
+    def resolve(self, sampled: Sequence[int] | np.ndarray) -> list[StepEvent]:
+        """The tokens of the step committed ahead (one per sample row): its events."""
+        return [StepEvent(*e) for e in self.native.resolve(as_tokens(sampled, "sampled"))]
+
+    @property
+    def has_unresolved(self) -> bool:
+        return self.native.has_unresolved
 
     def drafts_of(self, rid: int) -> list[int]:
         return list(self.native.drafts_of(rid))

@@ -8,6 +8,10 @@ cuda platform weights and caches live on the device, cache writes are in place, 
 log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist; each bucket's program is captured into
 CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.py`), or with
 `capture=False` run eagerly on the same padded shapes (debugging).
+
+Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
+the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
+the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.cuda.execute import resolve_device
+from dsgraph.platform.cuda.placement import HOST_MIN_BYTES, place_weights
 from dsgraph.platform.registry import Platform, Program, lower
+from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
 from dsgraph.runtime.step_padding import bucket_size, pad_step
 
 Array = torch.Tensor | np.ndarray
@@ -93,6 +99,7 @@ class Session:
         platform: str | Platform = "cpu",
         device: torch.device | str | None = None,
         capture: bool = True,
+        host_min_bytes: int = HOST_MIN_BYTES,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
         from dsgraph.runtime.spec_draft import target_weights
@@ -105,7 +112,9 @@ class Session:
         self.device = resolve_device(device if device is not None else name)
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(weights, model.dspark)
-        self.weights = {f"weights.{k}": v.to(self.device) for k, v in target.items()}
+        # On a CUDA device Engram tables of >= host_min_bytes stay in pinned host memory (read over PCIe)
+        placed = place_weights(target, self.device, host_min_bytes)
+        self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self.graph: Graph = trace_step(model, weight_types(target, backbone_only=False), debug=debug)
         self.cache_sizes = caches
         self.caches = {
@@ -136,14 +145,18 @@ class Session:
             self.programs_built += 1
         return self.programs[key]
 
-    def run(self, step: Mapping[str, Array]) -> torch.Tensor:
+    def run(self, step: Mapping[str, Array], fix: InputFix | None = None) -> torch.Tensor:
         """Execute one step (inputs of `V41Model.step_types()` by name); returns logits [outs, vocab]
-        (on cuda a view of the bucket's static buffer, valid until the next step)."""
+        (on cuda a view of the bucket's static buffer, valid until the next step). `fix`: tokens to take
+        from the previous step's device samples before the step runs (overlapped scheduling)."""
         if self.on_device:
-            return self._run_device(step)
+            return self._run_device(step, fix)
         tensors = {
             k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in step.items()
         }
+        if fix is not None:
+            sources = {k: torch.from_numpy(np.array(v, dtype=np.int32)) for k, v in fix.sources.items()}
+            fix_inputs(tensors, sources, fix.prev_tokens)
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
         out = run_program(self._program(self._sizes(tensors)), args)
@@ -183,17 +196,33 @@ class Session:
                 self.pool = torch.cuda.graph_pool_handle()
             empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in d.padded.items()}
             padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, dict(d.key)).items()}
-            self.captured[d.key] = CapturedStep(d.program, self._fixed(), padding, pool=self.pool)
+            extra = {f"fix.{k}": (tuple(padding[f"step.{k}"].shape), torch.int32) for k in FIXED_INPUTS}
+            padding.update({k: np.full(shape, -1, np.int32) for k, (shape, _) in extra.items()})
+            self.captured[d.key] = CapturedStep(
+                d.program, self._fixed(), padding, pool=self.pool, extra=extra
+            )
             self.captures += 1
         return self.captured[d.key]
 
-    def _run_device(self, step: Mapping[str, Array]) -> torch.Tensor:
+    def _run_device(self, step: Mapping[str, Array], fix: InputFix | None = None) -> torch.Tensor:
         d = self.device_step(step)
+        sources = padded_sources(fix, {k: d.padded[k].shape for k in FIXED_INPUTS})
         if not self.capture:
-            out = d.program.run(self.eager_args(d.padded))
+            args = self.eager_args(d.padded)
+            if fix is not None:
+                on_device = {k: torch.from_numpy(v).to(self.device) for k, v in sources.items()}
+                fix_inputs({k: args[f"step.{k}"] for k in sources}, on_device, fix.prev_tokens)
+            out = d.program.run(args)
         else:
             captured = self._captured(d)
-            captured.replay({f"step.{k}": v for k, v in d.padded.items()})
+            staged = {f"step.{k}": v for k, v in d.padded.items()}
+            captured.inputs.stage({**staged, **{f"fix.{k}": v for k, v in sources.items()}})
+            if fix is not None:  # device to device, on the stream the replay follows
+                t = captured.inputs.tensors
+                fix_inputs(
+                    {k: t[f"step.{k}"] for k in sources}, {k: t[f"fix.{k}"] for k in sources}, fix.prev_tokens
+                )
+            captured.launch()
             out = captured.outputs
         self._keep_caches(out)
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}

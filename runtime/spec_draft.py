@@ -5,6 +5,14 @@ session's context rings (`dspark.ring{s}`, written by the target step of a sessi
 A draft pass drafts K = dspark_block_size tokens for each sequence from its anchor (the newest token, not
 yet run through the target) at position a; sequences are padded to the next power of two (at most
 log2(max_num_seqs) + 1 programs), and each lowering counts in the session's `programs_built`.
+
+On the cuda platform with the session's `capture` flag, each bucket's program is captured once
+(`platform/cuda/capture.py`: static input buffers, one host-to-device copy per dtype, an eager warm-up
+over an all-padding pass; `draft_captures` counts captures) and replayed every pass. The draft graph
+writes no cache, so capturing its padding pass changes nothing. The tokens and confidences the scheduler
+needs come to the host in one device-to-host copy (packed as i32 bits); the log-probs stay on the device
+as a view of the bucket's static buffer, valid until the next pass of that bucket (the engine copies them
+into its pool at once). With `capture=False` the pass runs eagerly on the same padded shapes.
 """
 
 from __future__ import annotations
@@ -40,16 +48,24 @@ def target_weights(weights: Mapping[str, torch.Tensor], dspark: bool) -> dict[st
 
 @dataclass(frozen=True)
 class DraftOutput:
-    tokens: torch.Tensor  # [n, K] i32
-    logprobs: torch.Tensor  # [n, K, V] f32, the processed distribution each draft was drawn from
-    confidence: torch.Tensor  # [n, K] f32, conditional acceptance probabilities
+    tokens: torch.Tensor  # [n, K] i32 on the host
+    # [n, K, V] f32 on the session's device, the processed distribution each draft was drawn from; on the
+    # captured path a view of the bucket's static buffer (overwritten by the bucket's next pass)
+    logprobs: torch.Tensor
+    confidence: torch.Tensor  # [n, K] f32 on the host, conditional acceptance probabilities
 
 
 class DraftRunner:
-    """Draft passes of one session: `run(requests)` drafts for each request (a `DraftRequest`)."""
+    """Draft passes of one session: `run(requests)` drafts for each request (a `DraftRequest`).
+    `capture`: capture each bucket on the cuda platform (default: the session's flag)."""
 
     def __init__(
-        self, session: Any, weights: Mapping[str, torch.Tensor], *, stream: int = DRAFT_STREAM
+        self,
+        session: Any,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        stream: int = DRAFT_STREAM,
+        capture: bool | None = None,
     ) -> None:
         model = session.model
         if not model.dspark:
@@ -61,6 +77,12 @@ class DraftRunner:
         self.programs: dict[int, Program] = {}
         self.device_programs: dict[int, Any] = {}
         self.block = self.text.dspark_block_size
+        self.capture = bool(getattr(session, "capture", True) if capture is None else capture)
+        self.captured: dict[int, Any] = {}  # seqs bucket -> CapturedStep
+        self.packed: dict[int, torch.Tensor] = {}  # seqs bucket -> [2, seqs, K] i32: tokens, confidences
+        self.draft_captures = 0
+        self.last_captured = False  # whether the last pass recorded its bucket (its time includes that)
+        self.pool: Any = None  # one CUDA-graph memory pool for every draft bucket
 
     def _program(self, seqs: int) -> Program:
         if seqs not in self.programs:
@@ -69,23 +91,64 @@ class DraftRunner:
             self.session.programs_built += 1  # a draft bucket counts like a target bucket
         return self.programs[seqs]
 
-    def run(self, requests: Sequence[DraftRequest]) -> DraftOutput:
+    def _device_program(self, seqs: int) -> Any:
+        from dsgraph.platform.cuda.execute import DeviceProgram
+
+        if seqs not in self.device_programs:
+            self.device_programs[seqs] = DeviceProgram(self._program(seqs), self.session.device)
+        return self.device_programs[seqs]
+
+    def _fixed(self) -> dict[str, torch.Tensor]:
+        """Weights and context rings by graph input name (persistent device tensors)."""
+        rings = {f"caches.{k}": v for k, v in self.session.caches.items() if k.startswith("dspark.")}
+        return {**self.weights, **rings}
+
+    def run(self, requests: Sequence[DraftRequest], *, capture: bool | None = None) -> DraftOutput:
+        """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""
         n = len(requests)
         seqs = bucket_size(n)
         inputs = draft_inputs(self.text, requests, seqs)
-        rings = {f"caches.{k}": v for k, v in self.session.caches.items() if k.startswith("dspark.")}
-        args = {**self.weights, **rings}
+        self.last_captured = False
+        if self.session.on_device and (self.capture if capture is None else capture):
+            return self._run_captured(n, seqs, inputs)
+        args = self._fixed()
         args.update({f"step.{k}": v.to(self.session.device) for k, v in inputs.items()})
-        program = self._program(seqs)
-        if self.session.on_device:  # eager on the device (not captured): the draft is one pass per step
-            from dsgraph.platform.cuda.execute import DeviceProgram
-
-            if seqs not in self.device_programs:
-                self.device_programs[seqs] = DeviceProgram(program, self.session.device)
-            out = self.device_programs[seqs].run(args)
+        if self.session.on_device:  # eager on the device: every rule launched from the host
+            out = self._device_program(seqs).run(args)
         else:
-            out = run_program(program, args)
+            out = run_program(self._program(seqs), args)
         # tokens and confidences go to the host (the scheduler plans with them); log-probs stay in the pool
         return DraftOutput(
             out["draft_tokens"][:n].cpu(), out["draft_logprobs"][:n], out["confidence"][:n].cpu()
         )
+
+    def _captured(self, seqs: int) -> Any:
+        """The bucket's captured pass, recorded on its first use over an all-padding pass."""
+        from dsgraph.platform.cuda.capture import CapturedStep
+
+        if seqs not in self.captured:
+            device = self.session.device
+            if self.pool is None and device.type == "cuda":
+                self.pool = torch.cuda.graph_pool_handle()
+            padding = {f"step.{k}": v for k, v in draft_inputs(self.text, [], seqs).items()}
+            self.captured[seqs] = CapturedStep(
+                self._device_program(seqs), self._fixed(), padding, output="draft_tokens", pool=self.pool
+            )
+            self.packed[seqs] = torch.zeros((2, seqs, self.block), dtype=torch.int32, device=device)
+            self.draft_captures += 1
+            self.last_captured = True
+        return self.captured[seqs]
+
+    def _run_captured(self, n: int, seqs: int, inputs: Mapping[str, torch.Tensor]) -> DraftOutput:
+        captured = self._captured(seqs)
+        captured.replay({f"step.{k}": v for k, v in inputs.items()})
+        out, packed = captured.outputs, self.packed[seqs]
+        # one device-to-host copy for both: the confidences travel as their i32 bit patterns
+        packed[0].copy_(out["draft_tokens"])
+        packed[1].copy_(out["confidence"].view(torch.int32))
+        host = packed.cpu()  # synchronises: the scheduler plans with these values
+        return DraftOutput(host[0, :n], out["draft_logprobs"][:n], host[1, :n].view(torch.float32))
+
+    def as_text(self) -> str:
+        """Each captured bucket's graphs and eager steps (which rules could not be captured, and why)."""
+        return "".join(self.captured[s].as_text() for s in sorted(self.captured))

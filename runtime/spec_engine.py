@@ -211,7 +211,8 @@ class SpecDecoder:
         if todo:
             start_time = time.perf_counter()
             out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised
-            self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
+            if not self.drafter.last_captured:  # a pass that captured its bucket: its time is not a cost
+                self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
             self.draft_passes += 1
             width = min(self.nextn, out.tokens.shape[1])
             slots = torch.tensor([req.slot for _, req in todo], dtype=torch.long, device=self.pool.device)

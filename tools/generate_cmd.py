@@ -46,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
     )
+    p.add_argument(
+        "--overlap",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="plan step N+1 while step N runs (auto: on with cuda when not drafting)",
+    )
     p.set_defaults(func=main)
 
 
@@ -83,6 +89,7 @@ def main(args: argparse.Namespace) -> int:
             verify_schedule=args.verify_schedule,
             draft_len=args.draft_len,
             deterministic=args.deterministic,
+            overlap=args.overlap,
         )
         params.validate(llm.engine.cfg.text.vocab_size)
     except (RequestError, ValueError) as exc:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._guards import detect_fake_mode
 
 from dsgraph.ops.rope import yarn_bounds
 from dsgraph.platform.cpu import invariant
@@ -26,7 +27,10 @@ def rope_frequencies(p: Any, device: torch.device | None = None) -> Tensor:
 
     Always computed on the host and then moved: a device's pow may differ by an ulp, which positions
     near 1M turn into angles off by 0.1 rad. Tables on a device are kept per (params, device), filled
-    by the eager run that precedes every CUDA-graph capture."""
+    by the eager run that precedes every CUDA-graph capture. Under a fake-tensor probe the table is
+    made afresh and not kept: a kept fake table would break every later real run."""
+    if detect_fake_mode() is not None:  # a capture probe (platform/cuda/capture.py): keep no fake table
+        return _host_frequencies(p).to(device if device is not None else "cpu")
     key = (p, str(device if device is not None else "cpu"))
     if key not in _TABLES:
         _TABLES[key] = _host_frequencies(p).to(device if device is not None else "cpu")

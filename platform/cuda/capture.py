@@ -1,7 +1,8 @@
 """CUDA-graph capture of one bucket's program, and its replay.
 
 `CapturedStep` holds, for one bucket (the concrete sizes of tokens/seqs/outs), static device buffers for
-the step inputs and records the whole program once; `replay(step)` copies the step's inputs in with one
+the step inputs (plus `extra` staged buffers that are not graph inputs, e.g. the runtime's input-fix
+source rows) and records the whole program once; `replay(step)` copies the step's inputs in with one
 host-to-device copy per dtype (from one pinned buffer) and replays, returning the static logits buffer
 without a host sync. Weights and caches are the persistent tensors the caller passed; cache writes are
 in place, so replays update them.
@@ -10,7 +11,9 @@ A rule that cannot be captured (it reads values on the host or makes data-depend
 cpu rules of the cache writes, MoE dispatch and compressed attention; `capturable` says which, from a
 fake-tensor probe) splits the program: the steps between such rules are captured as separate graphs
 sharing one memory pool, and the rule itself runs eagerly between their replays on the same static
-tensors. With every rule capturable (Triton kernels) the program is one graph.
+tensors. With every rule capturable (Triton kernels) the program is one graph. The hoisted Engram steps
+(execute.py) are captured on their side stream, forked from and joined back into the capture stream
+within one piece; an eager step replays on the current stream.
 
 The capture records an all-padding step (`padding`: rows with seq_id -1, which write no cache entry),
 after an eager warm-up with the same step, so capturing never changes a cache. Value checks of the rules
@@ -154,6 +157,8 @@ class _Piece:
                     outs = self.program.run_step(i, env, check=False)
                     if self.graph is None:  # the cpu stand-in keeps every buffer of its steps
                         self.static.append((operands, outs))
+                # the side stream (execute.py) rejoins inside the capture: a graph ends on its own stream
+                self.program.join()
         except ExecutionError:
             raise
         except Exception as exc:  # the capture itself failed (a rule synced or touched host memory)
@@ -224,6 +229,7 @@ class CapturedStep:
         *,
         output: str = "logits",
         pool: Any = None,
+        extra: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
     ) -> None:
         graph = program.graph
         self.program, self.output = program, output
@@ -232,10 +238,12 @@ class CapturedStep:
             for v, n in zip(graph.inputs, graph.input_names, strict=True)
             if n not in fixed
         }
-        self.inputs = StagedInputs(shapes, program.device)
+        # staged with the step in the same copy but not graph inputs (the overlapped-step input fix)
+        self.extra = dict(extra or {})
+        self.inputs = StagedInputs({**shapes, **self.extra}, program.device)
         self.runs = _split(program, capturable)
         self.inputs.stage(padding)
-        args = {**fixed, **self.inputs.tensors}
+        args = {**fixed, **{k: v for k, v in self.inputs.tensors.items() if k not in self.extra}}
         self._warm_up(args)
         self.pool = (
             pool if pool is not None or program.device.type != "cuda" else torch.cuda.graph_pool_handle()

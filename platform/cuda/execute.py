@@ -5,11 +5,19 @@ Literals are materialized on the device once. Operands a platform writes in plac
 the cuda cache writes) end up in the operand's own buffer, so caches passed as graph inputs are updated
 where they live and the graph's cache outputs are those same tensors. A value is dropped after its last
 use, so a step holds only its live intermediates.
+
+The equations that gather rows from host-resident Engram tables (and the hashing they need) are moved to
+the front and, on a CUDA device, run on a side stream, with an event per hoisted equation that the main
+stream waits on before their first reader (`side_stream.py`): their PCIe reads overlap the earlier
+layers. `join()` makes the main stream wait for the side stream; `run` and each captured piece end with
+it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,6 +25,7 @@ import torch
 from dsgraph.graph.ir import Lit, Var
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import ExecutionError, bind, check_results, literal, where
+from dsgraph.platform.cuda.side_stream import SidePlan, plan_side_stream, reorder
 from dsgraph.platform.registry import Program
 
 Operand = int | torch.Tensor  # a value id, or a literal already on the device
@@ -51,14 +60,27 @@ def _last_uses(program: Program) -> tuple[tuple[int, ...], ...]:
 class DeviceProgram:
     """A concrete Program bound to one device (see the module doc)."""
 
-    def __init__(self, program: Program, device: torch.device | str) -> None:
+    def __init__(
+        self, program: Program, device: torch.device | str, *, side_stream: bool | None = None
+    ) -> None:
+        """`side_stream`: hoist the host-table gathers (see the module doc); False keeps the program's order
+        on one stream; None: on unless DSGRAPH_SIDE_STREAM=0."""
+        if side_stream is None:
+            side_stream = os.environ.get("DSGRAPH_SIDE_STREAM", "1") != "0"
         graph = program.graph
         if program.memory is None:
             raise ExecutionError(
                 f"program {graph.name}: symbolic dims {sorted(graph.symbols)}; specialize the graph to a "
                 "bucket before running it on a device"
             )
+        plan = (
+            plan_side_stream(program)
+            if side_stream
+            else SidePlan(tuple(range(len(program.steps))), frozenset(), {})
+        )
+        program, self.plan = reorder(program, plan)
         self.program, self.graph, self.device = program, graph, resolve_device(device)
+        self.streams = _Streams(self.plan, self.device)
         self.inplace: tuple[tuple[tuple[int, int], ...], ...] = tuple(
             program.inplace[s.eqn.op](s.eqn) if s.eqn.op in program.inplace else () for s in program.steps
         )
@@ -86,6 +108,7 @@ class DeviceProgram:
                     f"graph {self.graph.name}: input {name} is on {value.device}, expected {self.device}"
                 )
             env[var.id] = value
+        self.streams.reset()
         return env
 
     def args_of(self, i: int, env: Mapping[int, torch.Tensor]) -> list[torch.Tensor]:
@@ -94,16 +117,22 @@ class DeviceProgram:
     def run_step(self, i: int, env: dict[int, torch.Tensor], *, check: bool = True) -> list[torch.Tensor]:
         """Step i on `env`: its outputs bound and returned (in-place outputs are their operand's tensor),
         dead values dropped. `check`: output types are verified (shapes and dtypes: no host sync)."""
-        eqn, rule = self.program.steps[i].eqn, self.program.steps[i].rule
-        operands = self.args_of(i, env)
-        results = call_rule(i, eqn, rule, operands)
-        if check:
-            check_results(i, eqn, results, {})
-        for out, value in zip(eqn.outputs, write_back(results, operands, self.inplace[i]), strict=True):
-            env[out.id] = value
+        with self.streams.around(i) as side_outputs:
+            eqn, rule = self.program.steps[i].eqn, self.program.steps[i].rule
+            operands = self.args_of(i, env)
+            results = call_rule(i, eqn, rule, operands)
+            if check:
+                check_results(i, eqn, results, {})
+            for out, value in zip(eqn.outputs, write_back(results, operands, self.inplace[i]), strict=True):
+                env[out.id] = value
+            side_outputs.extend(results)
         for vid in self.dead[i]:
             env.pop(vid, None)
         return results
+
+    def join(self) -> None:
+        """The current stream waits for every hoisted step launched since the last join (no-op on cpu)."""
+        self.streams.join()
 
     def outputs(self, env: Mapping[int, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {
@@ -116,6 +145,7 @@ class DeviceProgram:
         env = self.bind(args)
         for i in range(len(self.program.steps)):
             self.run_step(i, env, check=check)
+        self.join()
         return self.outputs(env)
 
     def empty_outputs(self, i: int, env: Mapping[int, torch.Tensor]) -> list[torch.Tensor]:
@@ -157,3 +187,50 @@ def write_back(
             target.copy_(results[out])
             results[out] = target
     return results
+
+
+class _Streams:
+    """The side stream of a DeviceProgram and the events of one run (see the module doc). On a cpu device,
+    or with nothing hoisted, every step runs on the current stream."""
+
+    def __init__(self, plan: SidePlan, device: torch.device) -> None:
+        self.plan, self.signals = plan, plan.signals
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and plan.side else None
+        self.events: dict[int, torch.cuda.Event] = {}
+        self.forked = False
+
+    def reset(self) -> None:
+        self.events.clear()
+        self.forked = False
+
+    @contextmanager
+    def around(self, i: int) -> Iterator[list[torch.Tensor]]:
+        """Runs step i's body on its stream; yields a list the body fills with the step's results."""
+        results: list[torch.Tensor] = []
+        if self.stream is None:
+            yield results
+            return
+        main = torch.cuda.current_stream(self.stream.device)
+        if i not in self.plan.side:
+            for h in self.plan.waits.get(i, ()):
+                event = self.events.pop(h, None)
+                if event is not None:  # None: launched before the last join, already ordered
+                    main.wait_event(event)
+            yield results
+            return
+        if not self.forked:  # the step's inputs were written on the main stream
+            self.stream.wait_stream(main)
+            self.forked = True
+        with torch.cuda.stream(self.stream):
+            yield results
+            if i in self.signals:
+                event = torch.cuda.Event()
+                event.record(self.stream)
+                self.events[i] = event
+                for t in results:  # read on the main stream: not reused before that read is done
+                    t.record_stream(main)
+
+    def join(self) -> None:
+        if self.stream is not None and self.forked:
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+        self.reset()

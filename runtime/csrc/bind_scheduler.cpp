@@ -100,6 +100,26 @@ std::pair<std::vector<Event>, StepPlan> advance(Scheduler &s, const CommitArgs &
     return {to_events(events), std::move(plan)};
 }
 
+// Overlapped steps: resolve the step awaiting its tokens, commit the plan in flight ahead of its tokens,
+// plan the next one; one crossing.
+std::pair<std::vector<Event>, StepPlan> advance_ahead(Scheduler &s, const TokensIn &sampled) {
+    std::pair<std::vector<StepEvent>, StepPlan> out;
+    {
+        nb::gil_scoped_release release;
+        out = s.advance_ahead(span_of(sampled));
+    }
+    return {to_events(out.first), std::move(out.second)};
+}
+
+std::vector<Event> resolve(Scheduler &s, const TokensIn &sampled) {
+    std::vector<StepEvent> events;
+    {
+        nb::gil_scoped_release release;
+        events = s.resolve(span_of(sampled));
+    }
+    return to_events(events);
+}
+
 template <typename F>
 auto with_commit(F f) {
     return [f](Scheduler &s, const TokensIn &sampled, std::optional<TokensIn> num_emitted,
@@ -192,6 +212,18 @@ void bind_requests(nb::class_<Scheduler> &c) {
              "num_emitted"_a.noconvert() = nb::none(), "drafts"_a.noconvert() = nb::none(),
              "draft_lengths"_a.noconvert() = nb::none(), "confidence"_a.noconvert() = nb::none(),
              "update(...) then schedule() in one call: (events of the committed step, the next plan).")
+        .def("advance_ahead", &advance_ahead, "sampled"_a.noconvert(),
+             "Overlapped step: resolve(sampled) the step awaiting its tokens (none: sampled empty, pending "
+             "aborts returned), commit the plan in flight before its tokens are known (commit_ahead), plan "
+             "the next step: (events of the resolved step, the next plan).")
+        .def("commit_ahead", &Scheduler::commit_ahead, nb::call_guard<nb::gil_scoped_release>(),
+             "Commit the plan in flight with its sampled tokens still unknown (resolve() gives them).")
+        .def("resolve", &resolve, "sampled"_a.noconvert(),
+             "int32 tokens of the step commit_ahead() committed, one per sample row: (rid, token, finished, "
+             "reason) per emitted token, after pending aborts (token -1).")
+        .def_prop_ro("has_unresolved", &Scheduler::has_unresolved)
+        .def_prop_ro("done_step", &Scheduler::done_step,
+                     "Every step up to this one has run and is committed with its tokens.")
         .def("drafts_of", &Scheduler::drafts_of, "rid"_a, "The drafts a request holds now.")
         .def("allocation", &Scheduler::allocation, "rid"_a)
         .def("handoff", &Scheduler::handoff, "rid"_a,

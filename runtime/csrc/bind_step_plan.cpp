@@ -59,6 +59,9 @@ void bind_step_plan(nb::module_ &m) {
         .def_prop_ro("num_seqs", &StepPlan::num_seqs)
         .def_ro("ratios", &StepPlan::ratios, "Ratios with a block table, ascending.")
         .def_prop_ro("token_ids", row_view<&StepPlan::token_ids>(), "[bucket] int32; padding rows 0.")
+        .def_prop_ro("token_src", row_view<&StepPlan::token_src>(),
+                     "[bucket] int32: the previous step's sample row whose token this row takes (overlapped "
+                     "scheduling; token_ids holds 0 there), else -1.")
         .def_prop_ro("positions", row_view<&StepPlan::positions>(), "[bucket] int32; padding rows 0.")
         .def_prop_ro("seq_ids", row_view<&StepPlan::seq_ids>(), "[bucket] int32; padding rows -1.")
         .def_prop_ro(
@@ -94,6 +97,14 @@ void bind_step_plan(nb::module_ &m) {
                              static_cast<size_t>(p.lookback_len), self.h);
             },
             "[seqs, lookback_len] int32, most recent token first, -1 before position 0.")
+        .def_prop_ro(
+            "lookback_src",
+            [](Self self) {
+                const StepPlan &p = *self.p;
+                return view2(p.lookback_src, static_cast<size_t>(p.num_seqs()),
+                             static_cast<size_t>(p.lookback_len), self.h);
+            },
+            "[seqs, lookback_len] int32: as token_src, for the lookback entries.")
         .def("block_table", &block_table, "ratio"_a,
              "[seqs, pages_per_seq(ratio)] int32 pages of the ratio's caches, -1 = unallocated.");
 }

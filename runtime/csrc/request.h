@@ -11,6 +11,14 @@
 
 namespace dsgraph {
 
+// Overlapped scheduling: a token sampled by a step whose results are not on the host yet is held as
+// kUnresolvedBase - row (row: its sample row in that step), so the next plan can be made before it is
+// known; resolve() writes the real id. Only a request's newest token can be unresolved.
+constexpr int32_t kUnresolvedBase = -2;
+inline int32_t unresolved_token(int32_t row) { return kUnresolvedBase - row; }
+inline bool is_unresolved(int32_t token) { return token <= kUnresolvedBase; }
+inline int32_t unresolved_row(int32_t token) { return kUnresolvedBase - token; }
+
 struct StopParams {
     int32_t max_tokens = 1;
     int32_t eos_id = -1;  // -1: no end-of-sequence token
@@ -31,6 +39,9 @@ struct Request {
     int32_t slot = -1;         // -1 while not admitted
     uint64_t admitted_at = 0;  // admission order; the preemption victim is the largest
     uint64_t planned_in = 0;   // the step whose plan holds this request (0: none)
+    int64_t last_planned = 0;  // the newest step whose plan held it: its caches are in use until that step is done
+    bool gone = false;         // forgotten (finished or aborted); alive only until its steps are done
+    bool aborted = false;
     std::vector<std::vector<int32_t>> pages;  // per ratio, in sequence order
     Chains chain;                             // per ratio: keys of the prompt's full pages
     std::vector<int32_t> num_settled;         // per ratio: leading pages already offered to the cache

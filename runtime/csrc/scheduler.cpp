@@ -125,7 +125,8 @@ void Scheduler::grow(Request &r, int32_t end) {
 
 Request *Scheduler::victim(uint64_t admitted_after) const {
     for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-        if ((*it)->planned_in != static_cast<uint64_t>(step_)) {
+        // Not in this plan, nor in a step still running (overlapped scheduling): its caches are free to go.
+        if ((*it)->planned_in != static_cast<uint64_t>(step_) && (*it)->last_planned <= done_step_) {
             return (*it)->admitted_at > admitted_after ? *it : nullptr;
         }
     }
@@ -150,7 +151,7 @@ void Scheduler::preempt_now(Request &r) {
     ++num_preemptions_;
     if (config_.engine_type == EngineType::kCompletion) {
         pending_.push_back({r.rid, -1, true, "abort"});
-        forget(r, false);
+        forget(r);
         return;
     }
     unadmit(r);
@@ -250,6 +251,7 @@ StepPlan Scheduler::schedule() {
     in_flight_.clear();
     for (size_t s = 0; s < chunks.size(); ++s) {
         const Chunk &c = chunks[s];
+        find(c.request->rid)->last_planned = step_;
         in_flight_.push_back(
             {c.request->rid, c.request->serial, c.end, c.sample, c.drafts, plan.verify_start[s]});
     }

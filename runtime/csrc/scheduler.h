@@ -43,6 +43,20 @@
 // token), stops at the first stop condition (the rest is discarded), keeps
 // the cache entries of the emitted prefix only and returns the pages past it.
 //
+// Overlapped scheduling (zero-overhead: the next step is planned while this
+// one runs). commit_ahead() commits the plan in flight before its tokens are
+// known: each sampling sequence gets an unresolved newest token (request.h),
+// the length limits are applied (max_tokens and max_model_len are known in
+// advance), and the next schedule() plans decode rows after it (StepPlan
+// token_src names the sample row the device copies the token from). resolve()
+// then takes the step's tokens: it writes them, checks eos and stop tokens, and
+// returns the step's events. A request that stopped or was aborted while a
+// later step is planned or running loses that step's rows (its tokens are
+// discarded) and keeps its slot and pages until every step that holds it is
+// done (resolved or committed): nothing a running step writes is reused early.
+// A preemption victim is never a request of a step that is not done. Overlap
+// needs verify_mode OFF and a NORMAL engine (DSpark steps are not overlapped).
+//
 // Finish reasons: "stop" (eos unless ignore_eos, or a stop token), "length"
 // (max_tokens outputs, or max_model_len tokens), "abort" (abort(), or a
 // COMPLETION victim), and "prefilled" (PROMPT engine: the prompt is done; the
@@ -56,6 +70,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "buckets.h"
@@ -140,6 +155,20 @@ public:
     // drafts (StepCommit). Validates everything before changing anything; the
     // events are one per emitted token, in plan order.
     std::vector<StepEvent> update(const StepCommit &commit);
+    // Overlapped scheduling (see the top of this file): commits the plan in flight with its tokens still
+    // unknown. Throws std::logic_error without a plan, while a step awaits resolve(), or with verify_mode
+    // other than OFF or an engine other than NORMAL. An empty plan leaves nothing to resolve.
+    void commit_ahead();
+    // The tokens of the step commit_ahead() committed, one per sample row of its plan: writes them,
+    // checks stop conditions, frees what waited for that step. Returns pending aborts then one event per
+    // emitted token. Validates before changing anything; throws std::logic_error when no step awaits.
+    std::vector<StepEvent> resolve(std::span<const int32_t> sampled);
+    // The engine's one crossing per overlapped step: resolve() the step awaiting its tokens (none: sampled
+    // must be empty, pending aborts are returned), commit_ahead() the plan in flight, schedule() the next.
+    std::pair<std::vector<StepEvent>, StepPlan> advance_ahead(std::span<const int32_t> sampled);
+    bool has_unresolved() const { return unresolved_step_ != 0; }
+    int64_t unresolved_step() const { return unresolved_step_; }
+    int64_t done_step() const { return done_step_; }
 
     Allocation allocation(int64_t rid) const;  // slot and pages held now; throws for an unknown rid
     Allocation handoff(int64_t rid) const;     // a PROMPT engine's finished request
@@ -179,7 +208,10 @@ private:
     bool admit(Request &r);
     void release_resources(Request &r);
     void unadmit(Request &r);
-    void forget(Request &r, bool defer_release);
+    // Drops a finished or aborted request; its slot and pages wait for the newest step holding it.
+    void forget(Request &r);
+    void release_dropped();
+    void check_ahead(const char *where) const;
     int32_t reachable_end(const Request &r, int32_t want) const;
     void grow(Request &r, int32_t end);
     Request *victim(uint64_t admitted_after) const;
@@ -210,7 +242,17 @@ private:
     std::deque<Request *> queue_;     // needs prefill, FCFS
     std::vector<Request *> running_;  // holds a slot and runs, in admission order
     std::vector<Request *> preempted_;
-    std::vector<std::unique_ptr<Request>> dropped_;  // aborted while planned: freed by update()
+    // Forgotten while a step holding them is not done: freed once done_step_ reaches last_planned.
+    std::vector<std::unique_ptr<Request>> dropped_;
+    struct Unresolved {
+        Request *request;  // alive: a request with an unresolved token is dropped, not freed, until then
+        size_t index;      // of the token in request->tokens
+        int32_t row;       // its sample row
+    };
+    std::vector<Unresolved> unresolved_;
+    int64_t unresolved_step_ = 0;  // the step commit_ahead() committed and resolve() awaits (0: none)
+    size_t unresolved_rows_ = 0;
+    int64_t done_step_ = 0;  // every step up to it has run and is committed with its tokens
     std::vector<Planned> in_flight_;
     bool has_plan_ = false;
     int64_t step_ = 0;

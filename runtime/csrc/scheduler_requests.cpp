@@ -136,15 +136,26 @@ Allocation Scheduler::add_prefilled(int64_t rid, std::span<const int32_t> prompt
     return allocation(rid);
 }
 
-void Scheduler::forget(Request &r, bool defer_release) {
+void Scheduler::forget(Request &r) {
     std::erase(queue_, &r);
     std::erase(running_, &r);
+    r.gone = true;
     auto node = requests_.extract(r.rid);
-    if (defer_release) {
-        dropped_.push_back(std::move(node.mapped()));  // the planned step still writes its caches
+    if (r.last_planned > done_step_) {
+        dropped_.push_back(std::move(node.mapped()));  // a step not done yet still writes its caches
     } else {
         release_resources(r);
     }
+}
+
+void Scheduler::release_dropped() {
+    std::erase_if(dropped_, [this](const std::unique_ptr<Request> &r) {
+        if (r->last_planned > done_step_) {
+            return false;
+        }
+        release_resources(*r);
+        return true;
+    });
 }
 
 bool Scheduler::abort(int64_t rid) {
@@ -155,13 +166,14 @@ bool Scheduler::abort(int64_t rid) {
     if (!r->handed_off) {
         pending_.push_back({rid, -1, true, "abort"});
     }
-    forget(*r, has_plan_ && r->planned_in == static_cast<uint64_t>(step_));
+    r->aborted = true;
+    forget(*r);
     return true;
 }
 
 bool Scheduler::preempt(int64_t rid) {
-    if (has_plan_) {
-        throw std::logic_error("Scheduler.preempt: a plan is in flight; call update() first");
+    if (has_plan_ || has_unresolved()) {
+        throw std::logic_error("Scheduler.preempt: a plan is in flight; call update() (or resolve()) first");
     }
     Request *r = find(rid);
     if (r == nullptr || !r->admitted() || r->handed_off) {

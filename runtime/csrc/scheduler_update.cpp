@@ -18,12 +18,15 @@ std::vector<StepEvent> Scheduler::update(const StepCommit &c) {
     if (!has_plan_) {
         throw std::logic_error("Scheduler.update: no plan in flight; call schedule() first");
     }
+    if (has_unresolved()) {
+        throw std::logic_error("Scheduler.update: step " + std::to_string(unresolved_step_) +
+                               " awaits its tokens; call resolve() before committing step " +
+                               std::to_string(step_));
+    }
     check_commit(c);  // before any change, so a rejected call can be retried
     has_plan_ = false;
-    for (const std::unique_ptr<Request> &r : dropped_) {
-        release_resources(*r);
-    }
-    dropped_.clear();
+    done_step_ = step_;
+    release_dropped();
     std::vector<StepEvent> events = std::move(pending_);
     pending_.clear();
     for (size_t s = 0; s < in_flight_.size(); ++s) {
@@ -69,7 +72,7 @@ void Scheduler::commit(const Planned &p, const StepCommit &c, size_t seq, std::v
         r->handed_off = true;
         std::erase(running_, r);
     } else if (!reason.empty()) {
-        forget(*r, false);
+        forget(*r);
     } else {
         store_drafts(*r, c, seq);
         if (p.drafts > 0) {
@@ -125,7 +128,7 @@ Allocation Scheduler::handoff(int64_t rid) const {
 
 void Scheduler::release_handoff(int64_t rid) {
     handoff(rid);  // same check and message
-    forget(*find(rid), false);
+    forget(*find(rid));
 }
 
 int32_t Scheduler::num_waiting() const {

@@ -8,7 +8,9 @@ namespace {
 void add_rows(StepPlan &plan, const Chunk &c, int32_t seq) {
     const Request &r = *c.request;
     for (int32_t p = c.start; p < c.end; ++p) {
-        plan.token_ids.push_back(r.token_at(p));
+        const int32_t token = r.token_at(p);
+        plan.token_ids.push_back(is_unresolved(token) ? 0 : token);
+        plan.token_src.push_back(is_unresolved(token) ? unresolved_row(token) : -1);
         plan.positions.push_back(p);
         plan.seq_ids.push_back(seq);
         plan.is_replay.push_back(p < r.replay_end ? 1 : 0);
@@ -32,7 +34,9 @@ void add_sequence(StepPlan &plan, const Chunk &c) {
     plan.seq_window_start.push_back(r.window_start);
     plan.seq_rids.push_back(r.rid);
     for (int32_t i = 0; i < plan.lookback_len; ++i) {
-        plan.lookback.push_back(i < c.start ? r.tokens[static_cast<size_t>(c.start - 1 - i)] : -1);
+        const int32_t token = i < c.start ? r.tokens[static_cast<size_t>(c.start - 1 - i)] : -1;
+        plan.lookback.push_back(is_unresolved(token) ? 0 : token);
+        plan.lookback_src.push_back(is_unresolved(token) ? unresolved_row(token) : -1);
     }
     for (size_t k = 0; k < plan.ratios.size(); ++k) {
         const std::vector<int32_t> &pages = r.pages[k];
@@ -66,6 +70,7 @@ StepPlan build_plan(const std::vector<Chunk> &chunks, const SchedulerConfig &con
     const size_t rows = static_cast<size_t>(plan.bucket);
     // Padding rows: seq_ids -1 makes every op skip them (no cache write, zero output).
     plan.token_ids.resize(rows, 0);
+    plan.token_src.resize(rows, -1);
     plan.positions.resize(rows, 0);
     plan.seq_ids.resize(rows, -1);
     plan.is_replay.resize(rows, 0);

@@ -30,6 +30,10 @@ struct StepPlan {
     std::vector<int32_t> seq_window_start;
     std::vector<int64_t> seq_rids;
     std::vector<int32_t> lookback;  // [seqs, lookback_len], most recent first, -1 before position 0
+    // Overlapped scheduling: where a token of this plan is a sample of the previous step still on the
+    // device, token_ids / lookback hold 0 and token_src [bucket] / lookback_src [seqs, lookback_len]
+    // hold its sample row in that step (-1 elsewhere); the runtime copies it in on the device.
+    std::vector<int32_t> token_src, lookback_src;
     std::vector<int32_t> ratios;
     std::vector<int32_t> table_widths;               // per ratio: pages_per_seq
     std::vector<std::vector<int32_t>> block_tables;  // per ratio: [seqs, width], -1 = unallocated

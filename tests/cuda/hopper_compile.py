@@ -6,7 +6,8 @@ this script runs the real front end and back end (down to PTX and cubin with the
 It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted functions), so
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
 The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
-Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512)
+Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only), or
+[linear] (every tile candidate of the FP8 linear)
 """
 
 from __future__ import annotations
@@ -38,13 +39,28 @@ SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "block_size", "table
 
 
 def _compile(
-    fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int, fusion: bool = True
+    fn: Any,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int,
+    fusion: bool = True,
+    num_stages: int | None = None,
+    aligned: dict[str, int] | None = None,
 ) -> Any:
+    """aligned: the integer arguments a launch passes as multiples of 16; with it, pointers are taken to
+    be 16-byte aligned too, as Triton specializes them at launch (vectorized loads show)."""
     signature = {**types, **{name: "constexpr" for name in constexprs}}
+    options: dict[str, Any] = {"num_warps": num_warps, "enable_fp_fusion": fusion}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    attrs = {}
+    if aligned is not None:
+        names = [n for n, t in types.items() if t.startswith("*") or aligned.get(n, 1) % 16 == 0]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
     kernel = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=HOPPER,
-        options={"num_warps": num_warps, "enable_fp_fusion": fusion},
+        options=options,
     )
     if kernel.metadata.shared > HOPPER_SHARED_BYTES:
         raise SystemExit(
@@ -55,11 +71,21 @@ def _compile(
     return kernel
 
 
-def _without_spills(fn: Any, types: dict[str, str], constexprs: dict[str, Any], num_warps: int = 4) -> None:
-    """Compile as the fused rules launch (fp-fusion off) and fail when ptxas reports spill stores."""
+def _without_spills(
+    fn: Any,
+    types: dict[str, str],
+    constexprs: dict[str, Any],
+    num_warps: int = 4,
+    fusion: bool = False,
+    num_stages: int | None = None,
+    aligned: dict[str, int] | None = None,
+    fail: bool = True,
+) -> None:
+    """Compile as the rules launch (the fused small ops with fp-fusion off) and fail when ptxas reports
+    spill stores (only print them unless `fail`)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    kernel = _compile(fn, types, constexprs, num_warps, fusion=False)
+    kernel = _compile(fn, types, constexprs, num_warps, fusion, num_stages, aligned)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as src:
         src.write(kernel.asm["ptx"])
         src.flush()
@@ -71,27 +97,42 @@ def _without_spills(fn: Any, types: dict[str, str], constexprs: dict[str, Any], 
         f"  {fn.__name__}: {registers[-1] if registers else '?'} registers, {spills} B spill stores",
         flush=True,
     )
-    if spills:
+    if spills and fail:
         raise SystemExit(f"{fn.__name__} {constexprs}: {spills} B of register spill stores, expected none")
 
 
-def _attention(head_dim: int, dtype: str) -> None:
+def _attention(head_dim: int, dtype: str, variants: list[str] | None = None) -> None:
+    """The kernels at the tiles attention.launch picks for each tiling in `variants` (default: the active
+    one; f32 queries take smaller tiles). Register spills are printed, not refused: the attention
+    tilings are ranked by attn_sweep's timings."""
     from dsgraph.platform.cuda.kernels import attention as rule
 
     dot = 0 if dtype == "fp32" else 1
     block_c = triton.next_power_of_2(head_dim // 2)
     shapes = dict(HEAD_DIM=head_dim, BLOCK_C=block_c)
-    # The tiles attention.launch picks (f32 queries take smaller ones).
-    block_h, block_n = (16, rule.F32_BLOCK_N) if dtype == "fp32" else (rule.BLOCK_H, rule.BLOCK_N)
-    meta = dict(NUM_SPLITS=5, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=rule.SPLIT_TILES, HAS_POOL=True,
-                DOT=dot, BLOCK_H=block_h, **shapes)  # fmt: skip
     inputs = {"q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "ring_ptr": "*u8", "pool_ptr": "*u8"}
     step = {name: "*i32" for name in STEP}
     sizes = {**{name: "i32" for name in SIZES}, "scale_log2": "fp32"}
     state = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}
-    _compile(attention_tl.split_kernel, {**inputs, **step, **state, **sizes}, meta, rule.NUM_WARPS)
     fused = {**inputs, "sink_ptr": "*fp32", **step, "out_ptr": f"*{dtype}", **sizes}
-    _compile(attention_tl.fused_kernel, fused, meta, rule.NUM_WARPS)
+    for name in variants or [rule.VARIANT]:
+        t = rule.VARIANTS[name]
+        block_h, block_n = (
+            (16, min(t.block_n, rule.F32_BLOCK_N)) if dtype == "fp32" else (t.block_h, t.block_n)
+        )
+        splits = rule.num_splits(128, 512, block_n, t.split_tiles)
+        meta = dict(NUM_SPLITS=splits, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True,
+                    DOT=dot, BLOCK_H=block_h, GATHER=t.gather_scales, PAIRS=t.pair_loads, ROWS=t.entry_rows,
+                    **shapes)  # fmt: skip
+        print(f"attention tiling {name} ({dtype}): {t}", flush=True)
+        for fn, types in (
+            (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
+            (attention_tl.fused_kernel, fused),
+        ):
+            _without_spills(fn, types, meta, t.num_warps, fusion=True, num_stages=t.num_stages, fail=False)
+    rows = {"seq_ptr": "*i32", "table_ptr": "*i32", "topk_ptr": "*i32", "rows_ptr": "*i32"}
+    rows |= {name: "i32" for name in ("topk_width", "block_size", "table_width", "num_blocks")}
+    _compile(attention_tl.entry_rows_kernel, rows, dict(BLOCK=rule.ROWS_BLOCK), 4)
     merge = {**state, "sink_ptr": "*fp32", "out_ptr": f"*{dtype}", "num_heads": "i32"}
     _compile(attention_tl.merge_kernel, merge, dict(NUM_SPLITS=5, BLOCK_H=rule.MERGE_H, **shapes), 4)
 
@@ -192,9 +233,94 @@ def _moe() -> None:
         meta = dict(N_SIZE=n, K_SIZE=k, W_ROW_LEN=k // 2, FP4=True, GATED=gated, DOT_KIND=linear_tl.DOT_FP8)
         meta |= dict(GEMM_DTYPE=tl.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n, GATHER=gated)
         _compile(moe_tl.expert_gemm_kernel, gemm, meta, warps)
+    _moe_swap()
+
+
+def _moe_swap() -> None:
+    """Every tile set of every swap variant (moe.VARIANTS) at V4.1's widths, without register spills."""
+    import triton.language as tl
+
+    from dsgraph.platform.cuda.kernels import moe as rule
+    from dsgraph.platform.cuda.kernels import moe_swap_tl
+
+    qdq = {"x_ptr": "*bf16", "out_ptr": "*bf16", "num_rows": "i32", "width": "i32"}
+    _without_spills(moe_swap_tl.qdq_rows_kernel, qdq, dict(BLOCK_R=32), 4)
+    tiles = {"tile_expert_ptr": "*i32", "tile_start_ptr": "*i32", "tile_end_ptr": "*i32"}
+    sizes = {"num_experts": "i32", "a_stride": "i32", "limit": "fp32"}
+    aligned = {"num_experts": 384, "a_stride": 5120}  # launch values (a_stride 2304 for w2: also 16k)
+    seen = set()
+    for buckets in (b for b in rule.VARIANTS.values() if b is not None):
+        for _, gated_tiles, down_tiles in buckets:
+            for gated, t in ((True, gated_tiles), (False, down_tiles)):
+                if (gated, t) in seen:
+                    continue
+                seen.add((gated, t))
+                n, k = (2304, 5120) if gated else (5120, 2304)
+                gemm = {
+                    "a_ptr": "*bf16",
+                    "a_rows_ptr": "*i32",
+                    "w_ptr": "*i8",
+                    "s_ptr": "*u8",
+                    "v_ptr": "*i8",
+                }
+                gemm |= {"vs_ptr": "*u8", "route_ptr": "*fp32", **tiles, "out_ptr": "*bf16", **sizes}
+                meta = dict(
+                    N_SIZE=n, K_SIZE=k, GATED=gated, QDQ_OUT=gated, GEMM_DTYPE=tl.bfloat16, WIDE=False
+                )
+                meta |= dict(BLOCK_W=t.block_w, BLOCK_T=t.block_t, BLOCK_K=t.block_k)
+                meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0)
+                print(f"swap {'gated' if gated else 'down'} {t}", flush=True)
+                _without_spills(
+                    moe_swap_tl.swap_gemm_kernel, gemm, meta, t.num_warps, True, t.num_stages, aligned
+                )
+
+
+def _linear(every: bool) -> None:
+    """The FP8 linear (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: the
+    TILE_TABLE entries, or every CANDIDATES entry (`every`), for each activation path serving uses."""
+    from dsgraph.platform.cuda.kernels import linear as rule
+    from dsgraph.platform.cuda.kernels import linear_tl
+
+    table = {t for _, t in rule.TILE_TABLE}
+    tiles = sorted(table | {t for c in rule.CANDIDATES.values() for t in c} if every else table)
+    ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "xs_stride_m", "out_stride_m", "out_stride_g")
+    sizes = {name: "i32" for name in (*ints, "s_stride")}
+    # (x dtype, DOT kind, prequant): wq_a-like FP8 activations (in the GEMM or by the pass before it),
+    # wo_b's f32 activations against FP8 weights (three bf16 dots).
+    paths = (("*bf16", linear_tl.DOT_FP8, False), ("*fp8e4nv", linear_tl.DOT_FP8, True))
+    paths += (("*fp32", linear_tl.DOT_SPLIT, False),)
+    quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m_size": "i32", "k_size": "i32"}
+    quant |= {"x_stride_m": "i32", "x_stride_g": "i32"}
+    _without_spills(linear_tl.quantize_rows_kernel, quant, dict(BLOCK_M=linear_tl.QUANT_BLOCK_M), 4, True)
+    seen = set()
+    for t in tiles:
+        for x, kind, prequant in paths:
+            key = (t, prequant) if kind == linear_tl.DOT_FP8 else (t[:5], kind)
+            if (kind == linear_tl.DOT_FP8 and prequant != t.prequant) or key in seen:
+                continue
+            seen.add(key)
+            types = {"x_ptr": x, "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16"}
+            meta = dict(K_SIZE=5120, DOT_KIND=kind, HAS_SCALE=True, X_SCALED=prequant, EVEN_K=True)
+            meta |= dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            print(f"linear {t} x {x}", flush=True)
+            _without_spills(
+                linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages,
+                aligned={name: 1 if name == "m_size" else 16 for name in sizes},
+            )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
+    if argv[1:] == ["linear"]:
+        _linear(every=True)
+        return 0
+    if argv[1:] == ["moe"]:
+        _moe()
+        return 0
+    if argv[1:2] == ["attention"]:  # every attention tiling (or those named), bf16 queries
+        from dsgraph.platform.cuda.kernels import attention as rule
+
+        _attention(512, "bf16", argv[2:] or list(rule.VARIANTS))
+        return 0
     head_dim = int(argv[1]) if len(argv) > 1 else 512  # the real width: shared-memory limits show there
     for dtype in ("bf16", "fp32"):
         _attention(head_dim, dtype)
@@ -202,6 +328,7 @@ def main(argv: list[str]) -> int:
     _cache()
     _fused()
     _moe()
+    _linear(every=False)
     return 0
 
 

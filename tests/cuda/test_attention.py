@@ -16,6 +16,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,20 +82,51 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, key_max: float) -> None
         torch.testing.assert_close(got.cpu().float(), want.float(), atol=2**-8 * key_max, rtol=2**-7)
 
 
+# Several splits even on tiny shapes.
+SMALL = replace(cuda_attention.VARIANTS["current"], split_tiles=1, block_n=16)
+
+
 @pytest.mark.parametrize("split", [True, False], ids=["decode", "prefill"])
 @pytest.mark.parametrize("with_pool", [True, False], ids=["swa+pool", "swa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_attention_matches_the_cpu_rule(
-    dtype: torch.dtype, with_pool: bool, split: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(cuda_attention, "SPLIT_TILES", 1)  # several splits even on tiny shapes
-    monkeypatch.setattr(cuda_attention, "BLOCK_N", 16)
+def test_attention_matches_the_cpu_rule(dtype: torch.dtype, with_pool: bool, split: bool) -> None:
     p, args = _step(TINY_SEQS, heads=4, width=64, window=8, topk=20, dtype=dtype, seed=1)
     args = args if with_pool else args[:9]
     want = cpu_attention(p, *args)
-    got = cuda_attention.launch(p, *on_device(args[:4]), tuple(on_device(args[4:])), split=split)
+    got = cuda_attention.launch(
+        p, *on_device(args[:4]), tuple(on_device(args[4:])), split=split, tiling=SMALL
+    )
     _assert_close(got, want, key_max=4.0)
     assert not got[-1].any(), "a padding row must give zeros"
+
+
+def _distinct_tilings() -> list[str]:
+    """One tiling name per kernel arithmetic seen on the tiny shapes (heads per program capped at 32 by
+    the 20 heads; warps, stages and the launch path do not change the bits)."""
+    seen: dict[tuple[object, ...], str] = {}
+    for name, t in sorted(cuda_attention.VARIANTS.items()):
+        key = (min(t.block_h, 32), min(t.split_tiles, 2), t.gather_scales, t.pair_loads, t.entry_rows)
+        seen.setdefault(key, name)
+    return sorted(seen.values())
+
+
+@pytest.mark.parametrize("name", _distinct_tilings())
+def test_every_tiling_matches_the_cpu_rule_on_both_paths(name: str) -> None:
+    """Each distinct tiling attn_sweep times, with its own loads, row mapping and heads per program (20
+    heads: one or two head blocks), keys cut into tiles of 16 and at most 2 tiles a split: a window of 40
+    (3 SWA tiles) spans two SWA splits, the second partial, then 3 pool tiles."""
+    variant = cuda_attention.VARIANTS[name]
+    tiling = replace(variant, block_n=16, split_tiles=min(variant.split_tiles, 2))
+    p, args = _step(TINY_SEQS, heads=20, width=32, window=40, topk=40, dtype=torch.bfloat16, seed=6,
+                    table_width=12)  # fmt: skip
+    want = cpu_attention(p, *args)
+    device_args = on_device(args)
+    decode = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=True, tiling=tiling)
+    prefill = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=False, tiling=tiling)
+    _assert_close(decode, want, key_max=4.0)
+    assert torch.equal(decode, prefill), (
+        f"tiling {name}: the decode and prefill paths must give the same bits"
+    )
 
 
 def test_the_rule_picks_a_path_and_gives_the_same_values() -> None:
@@ -134,9 +166,10 @@ def _row_of_a_batch(p: AttentionParams, args: list[torch.Tensor], rows: slice) -
 
 
 def test_a_sequence_gives_the_same_bits_alone_and_in_a_batch_of_7(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode path alone, prefill path in the batch (DECODE_MAX_ROWS lowered): bit-identical rows."""
-    monkeypatch.setattr(cuda_attention, "DECODE_MAX_ROWS", 4)
-    monkeypatch.setattr(cuda_attention, "SPLIT_TILES", 1)
+    """Decode path alone, prefill path in the batch (decode_max_rows lowered): bit-identical rows."""
+    tiling = replace(cuda_attention.VARIANTS["current"], decode_max_rows=4, split_tiles=1)
+    monkeypatch.setitem(cuda_attention.VARIANTS, "test", tiling)
+    monkeypatch.setattr(cuda_attention, "VARIANT", "test")
     seqs = [(2, 30, 0), (1, 9, 0), (3, 14, 2), (1, 40, 35), (2, 5, 0), (1, 17, 0), (1, 3, 0)]
     p, batch = _step(seqs, heads=4, width=32, window=8, topk=12, dtype=torch.bfloat16, seed=3)
     # Sequence 2 alone: its rows (as sequence 0), its per-sequence values and block table row, no padding.
@@ -147,7 +180,7 @@ def test_a_sequence_gives_the_same_bits_alone_and_in_a_batch_of_7(monkeypatch: p
     alone[5] = torch.zeros(3, dtype=I32)
     for i in (6, 7, 8, 10):  # seq_slot, seq_start, seq_window_start, block_table
         alone[i] = batch[i][2:3]
-    assert alone[0].shape[0] <= cuda_attention.DECODE_MAX_ROWS < batch[0].shape[0]
+    assert alone[0].shape[0] <= tiling.decode_max_rows < batch[0].shape[0]
     by_itself = cuda_attention.attention(p, *on_device(alone)).cpu()
     assert torch.equal(by_itself, _row_of_a_batch(p, batch, rows))
     _assert_close(by_itself, cpu_attention(p, *alone), key_max=4.0)
@@ -177,16 +210,19 @@ def test_the_rule_raises_the_cpu_rule_errors(index: int, edit, match: str) -> No
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(cuda_attention.VARIANTS))
 @pytest.mark.parametrize(("num_seqs", "rows_per_seq"), [(8, 1), (4, 3)], ids=["decode", "chunks"])
-def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int) -> None:
-    """64 heads x 512, window 128, top-k 512 over contexts of a few thousand tokens (bf16 queries)."""
+def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int, name: str) -> None:
+    """64 heads x 512, window 128, top-k 512 over contexts of a few thousand tokens (bf16 queries), every
+    tiling."""
+    tiling = cuda_attention.VARIANTS[name]
     seqs = [(rows_per_seq, 1000 + 700 * s, 200 * (s % 2)) for s in range(num_seqs)]
     p, args = _step(seqs, heads=64, width=512, window=128, topk=512, dtype=torch.bfloat16, seed=5,
                     block_size=64, table_width=100)  # fmt: skip
     want = cpu_attention(p, *args)
     device_args = on_device(args)
-    decode = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=True)
-    prefill = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=False)
+    decode = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=True, tiling=tiling)
+    prefill = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=False, tiling=tiling)
     _assert_close(decode, want, key_max=8.0)
     assert torch.equal(decode, prefill), "the decode and prefill paths must give the same bits"
 

@@ -153,7 +153,8 @@ def test_grouped_linear_matches_cpu_rule(groups: int, n: int, k: int, rows: int,
 
 @pytest.mark.parametrize("weight_format", ["fp8_block32", "dense"])
 def test_linear_rows_are_batch_invariant(weight_format: str) -> None:
-    """Each row's output bits are the same alone, in a batch of 7, 32 and 70 (two M tiles)."""
+    """Each row's output bits are the same alone, in a batch of 7, 32 and 70 (two M tiles): batches that
+    pick different TILE_TABLE entries (1 and 7, 32, 70)."""
     gen = torch.Generator().manual_seed(11)
     k, n = 96, 160
     act_quant = "fp8_g32" if weight_format != "dense" else "none"
@@ -218,3 +219,89 @@ def test_linear_reads_no_scale_past_k() -> None:
     _check(
         p, out[:, 0], rules_core.linear(p, xc, w, scale), xf.abs() @ wf.abs().t(), _acc_tol(p, xc.dtype, w)
     )
+
+
+# Every tile configuration the table or the sweep may pick (linear.py TILE_TABLE and CANDIDATES).
+ALL_TILES = sorted(
+    {t for _, t in cuda_linear.TILE_TABLE} | {t for c in cuda_linear.CANDIDATES.values() for t in c}
+)
+# (weight_format, act_quant, x dtype, out_dtype, (M, N, K)): FP8 activations with K a multiple of every
+# block_k and a partial N tile, then K = 160 (a partial K step for block_k > 32); wo_b's f32 activations;
+# dense weights.
+TILE_CASES = [
+    ("fp8_block32", "fp8_g32", torch.bfloat16, "bf16", (5, 96, 256)),
+    ("fp8_block32", "fp8_g32", torch.bfloat16, "f32", (3, 40, 160)),
+    ("fp8_block32", "none", torch.float32, "f32", (5, 96, 256)),
+    ("dense", "none", torch.bfloat16, "f32", (3, 40, 160)),
+]
+
+
+@pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[4]}")
+@pytest.mark.parametrize("tiles", ALL_TILES, ids=lambda t: "-".join(map(str, t)))
+def test_every_tile_config_matches_cpu_rule(tiles: cuda_linear.Tiles, case: tuple) -> None:
+    weight_format, act_quant, x_dtype, out_dtype, (m, n, k) = case
+    gen = torch.Generator().manual_seed(m + n + k)
+    p = _params(weight_format, act_quant, out_dtype)
+    x = (torch.randn(m, k, generator=gen) * 3).to(x_dtype)
+    w = _weight(weight_format, n, k, x_dtype, gen)
+    ref = rules_core.linear(p, x, *w)
+    xf, wf = rules_core.linear_operands(p, x, *w)
+    y = cuda_linear.linear(p, x.to(DEVICE), *(t.to(DEVICE) for t in w), tiles=tiles)
+    _check(p, y, ref, xf.abs() @ wf.abs().t(), _acc_tol(p, x.dtype, w[0]))
+
+
+def test_tiles_change_with_the_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule launches TILE_TABLE's entry for M (the rows, whatever the groups): decode, a mid batch
+    and prefill get different tiles; every entry is a sweep candidate of its class."""
+    from dsgraph.platform.cuda.kernels import linear_tl
+
+    bounds = [b for b, _ in cuda_linear.TILE_TABLE]
+    assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds), bounds
+    for bound, tiles in cuda_linear.TILE_TABLE:
+        assert tiles in cuda_linear.CANDIDATES[bound], (bound, tiles)
+        assert tiles.block_k % 32 == 0, tiles
+    launched = []
+    monkeypatch.setattr(linear_tl, "launch", lambda *args: launched.append(args[-1]))
+    gen = torch.Generator().manual_seed(4)
+    w = _weight("fp8_block32", 2 * 32, 64, torch.bfloat16, gen)
+    p = _params("fp8_block32", "fp8_g32", "f32")
+    rows = (1, 16, 17, 64, 65, 4096)
+    for m in rows:
+        cuda_linear.linear(p, torch.zeros(m, 64, dtype=torch.bfloat16, device=DEVICE), *w)
+        cuda_linear.grouped_linear(p, torch.zeros(m, 2, 64, dtype=torch.bfloat16, device=DEVICE), *w)
+    assert launched == [cuda_linear.tiles_for(m) for m in rows for _ in range(2)]
+    assert cuda_linear.tiles_for(1) != cuda_linear.tiles_for(64) != cuda_linear.tiles_for(4096)
+    assert cuda_linear.tiles_for(1) == cuda_linear.tiles_for(16) and cuda_linear.tiles_for(
+        4096
+    ) == cuda_linear.tiles_for(1 << 20)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "tiles",
+    [None, *sorted({t for _, t in cuda_linear.TILE_TABLE})],
+    ids=lambda t: "table" if t is None else "-".join(map(str, t)),
+)
+@pytest.mark.parametrize(
+    ("act_quant", "x_dtype", "nk"),
+    [("fp8_g32", torch.bfloat16, (2304, 5120)), ("none", torch.float32, (5120, 8192))],
+    ids=["fp8_g32-w1", "none-f32-wo_b"],
+)
+def test_rows_bit_equal_across_tiles_on_gpu(
+    tiles: cuda_linear.Tiles | None, act_quant: str, x_dtype: torch.dtype, nk: tuple[int, int]
+) -> None:
+    """The same rows inside batches of 1, 8, 16, 17, 64, 65 and 300 rows (tiles None: the table's pick for
+    each batch; else the given tiles) give the bits HOPPER_TILES gives in a batch of 300. A failure here
+    means the tensor-core dot of a chunk depends on the tile shape: that config cannot serve next to
+    HOPPER_TILES in one TILE_TABLE without breaking batch invariance."""
+    gen = torch.Generator().manual_seed(21)
+    x = (torch.randn(300, nk[1], generator=gen) * 2).to(x_dtype).to(DEVICE)
+    w = tuple(t.to(DEVICE) for t in _weight("fp8_block32", *nk, torch.bfloat16, gen))
+    p = _params("fp8_block32", act_quant, "bf16")
+    full = cuda_linear.linear(p, x, *w, tiles=cuda_linear.HOPPER_TILES)
+    for size in (1, 8, 16, 17, 64, 65, 300):
+        for start in (0, 300 - size):
+            part = cuda_linear.linear(p, x[start : start + size], *w, tiles=tiles)
+            diff = (part != full[start : start + size]).sum().item()
+            used = tiles or cuda_linear.tiles_for(size)
+            assert diff == 0, f"batch {size} at row {start}, tiles {used}: {diff} elements differ"

@@ -17,6 +17,8 @@ Tolerances:
 - the plan kernel (pairs sorted by expert, tile table): equal to a by-hand stable sort;
 - the combine kernel: bit-equal to the cpu rule's combine (index_add_ of each expert in increasing id,
   in FP32, rounded once), and every row bit-identical whatever the batch around it.
+The moe_experts tests run for every kernel variant (moe.VARIANTS: the base kernels and the swap-AB ones
+with their row buckets); a swap variant must really launch its kernels where it covers the case.
 """
 
 from __future__ import annotations
@@ -35,6 +37,32 @@ from dsgraph.platform.cpu.step_rows import rowwise_linear  # noqa: E402
 from dsgraph.platform.cuda.kernels import moe as cuda_moe  # noqa: E402
 from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
+
+# Under the interpreter the full matrix runs on the base kernels and the default swap tiles (the other
+# swap variants differ in tiles only: test_every_variant_matches_cpu_rule); on a GPU on every variant.
+VARIANTS = list(cuda_moe.VARIANTS) if ON_GPU else ["base", "swap"]
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test with moe_experts on one kernel variant."""
+    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", request.param)
+    return request.param
+
+
+def _swap_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts launches of the swap kernels (one entry per launch)."""
+    from dsgraph.platform.cuda.kernels import moe_swap_tl
+
+    seen: list[int] = []
+    launch = moe_swap_tl.launch_swap_gemm
+
+    def spy(*args: Any) -> None:
+        seen.append(1)
+        launch(*args)
+
+    monkeypatch.setattr(moe_swap_tl, "launch_swap_gemm", spy)
+    return seen
 
 
 def _dev(ts: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -89,19 +117,46 @@ EXPERT_CASES = [
 
 @pytest.mark.parametrize("case", EXPERT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-{c[4]}")
 @pytest.mark.parametrize("rows", [1, 9, 70])
-def test_moe_experts_matches_cpu_rule(case: tuple, rows: int) -> None:
+def test_moe_experts_matches_cpu_rule(
+    case: tuple, rows: int, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fmt, act_quant, gemm_out, x_dtype, out_dtype = case
-    gen = torch.Generator().manual_seed(rows)
-    hidden, inter, num_experts, k = 64, 96, 6, 3
     p = SimpleNamespace(
         swiglu_limit=2.0, weight_format=fmt, act_quant=act_quant, out_dtype=out_dtype, gemm_out_dtype=gemm_out
     )
+    swap = variant != "base" and cuda_moe._swap_covers(p, torch.empty(0, dtype=x_dtype))
+    if variant != "base" and not swap:
+        pytest.skip("the swap variants run the base kernels here")
+    launches = _swap_launches(monkeypatch)
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inter, num_experts, k = 64, 96, 6, 3
     x = (torch.randn(rows, hidden, generator=gen) * 2).to(x_dtype)
     ids, weights = _routing(rows, num_experts, k, gen)
     if rows == 70:
         ids[:66, 0] = 4  # 66 rows of one expert: two row tiles
     ws = _expert_weights(fmt, num_experts, hidden, inter, x_dtype, gen)
     _compare_experts(p, x, ids, weights, ws)
+    assert len(launches) == (2 if swap else 0)
+
+
+@pytest.mark.parametrize("variant_name", list(cuda_moe.VARIANTS))
+def test_every_variant_matches_cpu_rule(variant_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving case (W4A8, BF16 GEMM outputs) at 70 rows (two row tiles of one expert) on each variant."""
+    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", variant_name)
+    launches = _swap_launches(monkeypatch)
+    gen = torch.Generator().manual_seed(70)
+    p = SimpleNamespace(
+        swiglu_limit=2.0,
+        weight_format="mxfp4_rows",
+        act_quant="fp8_g32",
+        out_dtype="f32",
+        gemm_out_dtype="bf16",
+    )
+    x = (torch.randn(70, 64, generator=gen) * 2).to(torch.bfloat16)
+    ids, weights = _routing(70, 6, 3, gen)
+    ids[:66, 0] = 4
+    _compare_experts(p, x, ids, weights, _expert_weights("mxfp4_rows", 6, 64, 96, torch.bfloat16, gen))
+    assert len(launches) == (0 if variant_name == "base" else 2)
 
 
 def _compact_experts(ws: tuple, ids: torch.Tensor) -> tuple[tuple, torch.Tensor]:
@@ -121,7 +176,7 @@ def _compact_experts(ws: tuple, ids: torch.Tensor) -> tuple[tuple, torch.Tensor]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3])
-def test_moe_experts_real_widths_on_gpu(rows: int) -> None:
+def test_moe_experts_real_widths_on_gpu(rows: int, variant: str) -> None:
     """V4.1's 384 experts of 2304 x 5120, top-6, random packed weights made on the GPU."""
     hidden, inter, num_experts, k = 5120, 2304, 384, 6
     gen = torch.Generator(device="cuda").manual_seed(rows)
@@ -159,7 +214,26 @@ def test_moe_experts_real_widths_on_gpu(rows: int) -> None:
 
 
 @pytest.mark.parametrize("act_quant", ["fp8_g32", "none"])
-def test_moe_experts_rows_are_batch_invariant(act_quant: str) -> None:
+def test_moe_experts_rows_are_batch_invariant(act_quant: str, variant: str) -> None:
+    _check_batch_invariance(act_quant)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "base" and len(cuda_moe.VARIANTS[v]) > 1])
+def test_moe_experts_rows_are_batch_invariant_across_the_bucket_switch(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The variant's first bucket made to end at 8 rows: the 32-row batch runs the next bucket's tiles
+    and its 1- and 7-row parts the first's; every row must come out bit-identical."""
+    buckets = cuda_moe.VARIANTS[variant]
+    (_, gated, down), rest = buckets[0], buckets[1:]
+    monkeypatch.setitem(cuda_moe.VARIANTS, variant, ((8, gated, down), *rest))
+    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", variant)
+    launches = _swap_launches(monkeypatch)
+    _check_batch_invariance("fp8_g32")
+    assert launches
+
+
+def _check_batch_invariance(act_quant: str) -> None:
     gen = torch.Generator().manual_seed(7)
     hidden, inter, num_experts, k = 64, 64, 5, 2
     p = SimpleNamespace(
@@ -376,7 +450,9 @@ def test_combine_is_bit_equal_to_the_cpu_rules_sum(y_dtype: torch.dtype, out_dty
     assert not torch.signbit(got[5]).any() and not torch.signbit(got[7, :10]).any()
 
 
-def test_moe_experts_equals_the_cpu_rule_combine_of_its_pair_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_experts_equals_the_cpu_rule_combine_of_its_pair_outputs(
+    monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
     """The whole rule: its result is the cpu rule's combine of the w2 GEMM's outputs (captured)."""
     from dsgraph.platform.cuda.kernels import moe_tl
 
@@ -405,7 +481,9 @@ def test_moe_experts_equals_the_cpu_rule_combine_of_its_pair_outputs(monkeypatch
     assert torch.equal(got.view(torch.int16), _cpu_combine(y_pairs, ids, torch.bfloat16).view(torch.int16))
 
 
-def test_moe_experts_rows_are_batch_invariant_across_plan_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_experts_rows_are_batch_invariant_across_plan_blocks(
+    monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
     """With 8-pair plan blocks a row's pairs land in other blocks and places as the batch changes (subsets,
     reversed order); its result must not change by a bit."""
     from dsgraph.platform.cuda.kernels import moe_tl

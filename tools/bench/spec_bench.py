@@ -1,10 +1,13 @@
 """DSpark decode throughput on the bench model (issue 6's benchmark).
 
 Measured in the run: the target's verify step for B requests with k drafts each (B x (1+k) rows, k = 0..5,
-captured like any step) and the draft pass for B requests. Random weights accept almost no draft, so the
-tokens per step come from a stated acceptance model: per-position conditional acceptance probabilities
-p_1..p_5, with the confidence head assumed calibrated (confidences = p). Expected tokens per request for
-k verified drafts: 1 + sum_{i<=k} prod_{j<=i} p_j (exact for the model; not sampled). Policies:
+captured like any step) and the draft pass for B requests, through the runtime's captured path (one CUDA
+graph set per draft bucket, replayed: `draft_captured`; `draft_eager_ms` is the same pass run eagerly,
+for comparison only); `draft_ms`, the captured pass, is what the policies below charge per drafting step.
+Random weights accept almost no draft, so the tokens per step come from a stated acceptance model:
+per-position conditional acceptance probabilities p_1..p_5, with the confidence head assumed calibrated
+(confidences = p). Expected tokens per request for k verified drafts: 1 + sum_{i<=k} prod_{j<=i} p_j
+(exact for the model; not sampled). Policies:
 - off: no drafting, B tokens per step of t(B, 0);
 - fixed: every request verifies 5 drafts, plus one draft pass per step;
 - confidence: the runtime's planner (`plan_verification`) on the measured curve (rows -> verify time +
@@ -24,6 +27,7 @@ from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.runtime.spec_schedule import make_curve, plan_verification
+from dsgraph.runtime.step_padding import bucket_size
 from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for
 from dsgraph.tools.bench.steps import decode_step
 from dsgraph.tools.bench.timing import time_ms
@@ -80,7 +84,16 @@ def spec_case(model: V41Model, session: Any, runner: DraftRunner, batch: int, co
     }
     requests = [DraftRequest(anchor=1, position=context - 1, slot=b) for b in range(batch)]
     t_draft = time_ms(lambda: runner.run(requests), warmup=2, repeats=6)
+    captured = runner.captured.get(bucket_size(batch))
+    t_eager = time_ms(lambda: runner.run(requests, capture=False), warmup=1, repeats=5)
     row: dict[str, Any] = {"batch": batch, "context": context, "verify_ms": t_verify, "draft_ms": t_draft}
+    row.update(
+        draft_captured=captured is not None,
+        draft_eager_ms=t_eager,
+        draft_captures=runner.draft_captures,  # one per bucket: the repeats replayed
+        draft_graphs=captured.num_graphs if captured is not None else 0,
+        draft_eager_steps=captured.num_eager if captured is not None else None,
+    )
     row["acceptance_models"] = {
         name: {"p": p, **_policies(batch, t_verify, t_draft, p)} for name, p in ACCEPTANCE.items()
     }

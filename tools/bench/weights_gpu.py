@@ -16,6 +16,7 @@ from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
 from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
+from dsgraph.platform.cuda import placement
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
 
@@ -62,12 +63,36 @@ def _serving_layout(
     return out
 
 
+def _host_table(stored: Stored, min_bytes: int) -> Stored:
+    """An Engram table (and its scales) moved to pinned host memory, where the cuda platform reads it
+    (platform/cuda/placement.py); generated on the device first, so its bytes are the same."""
+    t, s = stored
+    if t.numel() * t.element_size() < min_bytes:
+        return stored
+    return placement.pin_in_place(t.cpu()), None if s is None else placement.pin_in_place(s.cpu())
+
+
 def random_serving_weights(
-    cfg: ModelConfig, token_map: list[int], seed: int = 0, device: str = "cuda", *, dspark: bool = False
+    cfg: ModelConfig,
+    token_map: list[int],
+    seed: int = 0,
+    device: str = "cuda",
+    *,
+    dspark: bool = False,
+    host_min_bytes: int = placement.HOST_MIN_BYTES,
 ) -> dict[str, Tensor]:
-    """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`."""
+    """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`.
+    On a CUDA device Engram tables of >= host_min_bytes are returned pinned on the host, as Session
+    places them (so the bench reads them over PCIe, like the released ~100 GB tables must be)."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    out = _serving_layout(cfg, lambda name, spec: _stored(cfg, name, spec, gen), dspark=dspark)
+
+    def make(name: str, spec: TensorSpec) -> Stored:
+        stored = _stored(cfg, name, spec, gen)
+        if torch.device(device).type == "cuda" and placement.is_host_table(name):
+            return _host_table(stored, host_min_bytes)
+        return stored
+
+    out = _serving_layout(cfg, make, dspark=dspark)
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)
     return out
 

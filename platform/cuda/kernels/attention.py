@@ -1,16 +1,19 @@
 """cuda rule of `attention` (dsgraph.ops.attention) over the Triton kernels of attention_tl.py.
 
 Same signature, dtype and shape as platform/cpu/rules_attention.py `attention`. Two launch paths with
-one arithmetic (see attention_tl.py): up to DECODE_MAX_ROWS rows the keys of a row are split over
+one arithmetic (see attention_tl.py): up to `decode_max_rows` rows the keys of a row are split over
 programs (rows x head blocks x 2 column halves x splits, then a merge kernel), beyond it one program per
-(row, head block, half) runs every split itself. Tile and split sizes are constants (f32 queries take
-smaller tiles: their operands need twice the shared memory), so a row's result never depends on the batch.
+(row, head block, half) runs every split itself. Tile and split sizes come from the active tiling
+(`VARIANTS[VARIANT]`, fixed per process; f32 queries take smaller tiles: their operands need twice the
+shared memory), so a row's result never depends on the batch. tools/bench/attn_sweep.py times every
+tiling against FlashMLA on the GPU; ptxas register and spill counts per tiling: hopper_compile.py.
 
-Tiling (H200, 64 heads x 512, window 128 + top-k 512): a program decodes each key tile once for its
-BLOCK_H heads and keeps one f32 accumulator [BLOCK_H, 256] (its half of the columns): with 8 warps that
-is the most that stays in registers (BLOCK_H 64, or keeping both halves, spills: ptxas -v). Beyond 32
-rows, rows x 4 programs fill the 132 SMs without splitting, and splitting would only add the per-split
-state traffic (64 heads x 512 x 4 B per split and row), hence DECODE_MAX_ROWS.
+Tiling "current" (H200, 64 heads x 512, window 128 + top-k 512): a program decodes each key tile once
+for its 32 heads and keeps one f32 accumulator [32, 256] (its half of the columns). With 32 heads the
+dots are mma.sync with the query operand held by every warp (ptxas: 255 registers and spill stores);
+64 heads make them wgmma, reading the query from shared memory. Beyond 32 rows, rows x 4 programs fill
+the 132 SMs without splitting, and splitting would only add the per-split state traffic (64 heads x 512
+x 4 B per split and row).
 
 Operand checks: unless checks are off (`step_rows.unchecked()`) or a CUDA graph is being captured, the
 rule raises the cpu rule's errors for bad seq_ids, ring slots, non-contiguous chunk rows and selected
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,13 +34,52 @@ from torch import Tensor
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
-BLOCK_H = 32  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
-BLOCK_N = 32  # keys per tile
+
+@dataclass(frozen=True)
+class Tiles:
+    """One tiling of the kernels. Every field is fixed per process (never chosen from the batch), so a
+    row's bits do not depend on the batch; `decode_max_rows` only picks the launch path, and both paths
+    give the same bits for a given tiling. Different tilings may differ in the last bits (sum order)."""
+
+    block_h: int = 32  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
+    block_n: int = 32  # keys per tile (f32 queries: at most F32_BLOCK_N, with 16 heads per program)
+    split_tiles: int = 4  # tiles per split (SWA splits first, then pool splits)
+    num_warps: int = 8
+    num_stages: int | None = None  # Triton's software pipelining depth (None: its default)
+    gather_scales: bool = False  # scale bytes read per half-column (L1) instead of widened in registers
+    pair_loads: bool = False  # SWA keys: one contiguous load of (even, odd) pairs, split in registers
+    entry_rows: bool = False  # a first kernel maps top-k entries to pool rows (no table lookups per tile)
+    decode_max_rows: int = 32  # up to this many rows: split programs + merge; beyond: one per row
+
+
+# The tilings attn_sweep measures against FlashMLA, most promising first (by `attn_sweep --static`: SASS
+# instructions per key and head in the pool-tile loop, 31 for "current", 9.2 for "h64n16_rows"). BLOCK_H
+# 64 makes the dots Hopper wgmma (M >= 64 per warp group; 32 heads fall back to mma.sync with the query
+# replicated per warp) and decodes each key tile for all 64 heads at once (half as often as 32).
+VARIANTS: dict[str, Tiles] = {
+    "current": Tiles(),
+    "h64n16_rows": Tiles(block_h=64, block_n=16, split_tiles=8, entry_rows=True),
+    "h64n16_rows_all_split": Tiles(block_h=64, block_n=16, split_tiles=8, entry_rows=True,
+                                   decode_max_rows=1 << 30),
+    "h64n32_rows": Tiles(block_h=64, block_n=32, entry_rows=True),
+    "h64n16_rows_split4": Tiles(block_h=64, block_n=16, split_tiles=4, entry_rows=True),
+    "rows": Tiles(entry_rows=True),
+    "h64n16": Tiles(block_h=64, block_n=16, split_tiles=8),
+    "h64n16_rows_pairs": Tiles(block_h=64, block_n=16, split_tiles=8, entry_rows=True, pair_loads=True),
+    "split2": Tiles(split_tiles=2, entry_rows=True),
+    "gather": Tiles(gather_scales=True, pair_loads=True, entry_rows=True),
+    "h16w4": Tiles(block_h=16, num_warps=4, entry_rows=True),
+}  # fmt: skip
+VARIANT = "current"  # the tiling the rule launches: flip here (or set VARIANT before the first step)
 F32_BLOCK_N = 16  # keys per tile for f32 queries (with 16 heads per program)
-SPLIT_TILES = 4  # pool tiles per split (128 keys); split 0 holds the SWA tiles. Never from the batch.
+ROWS_BLOCK = 128  # top-k slots per program of entry_rows_kernel (elementwise: any value, same bits)
 MERGE_H = 16  # heads per merge program (the merge is elementwise per head: any value gives the same bits)
-DECODE_MAX_ROWS = 32
-NUM_WARPS = 8
+
+
+def tiles() -> Tiles:
+    if VARIANT not in VARIANTS:
+        raise ValueError(f"attention: VARIANT is {VARIANT!r}, expected one of {sorted(VARIANTS)}")
+    return VARIANTS[VARIANT]
 
 
 def _next_pow2(n: int) -> int:
@@ -104,19 +147,21 @@ def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operan
         return rules_attention.attention(p, q, kv, ring, sink, *operands)
     if should_check(q):
         _check_operands(p, ring, operands)
-    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= DECODE_MAX_ROWS)
+    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= tiles().decode_max_rows)
 
 
-def num_splits(topk_width: int, block_n: int) -> int:
-    """Split 0 holds the SWA tiles, then ceil(pool tiles / SPLIT_TILES) splits of pool tiles."""
-    tiles = -(-topk_width // block_n)
-    return 1 + -(-tiles // SPLIT_TILES)
+def num_splits(window: int, topk_width: int, block_n: int, split_tiles: int) -> int:
+    """ceil(SWA tiles / split_tiles) SWA splits, then ceil(pool tiles / split_tiles) pool splits."""
+    swa, pool = -(-window // block_n), -(-topk_width // block_n)
+    return -(-swa // split_tiles) + -(-pool // split_tiles)
 
 
 def launch(
-    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, operands: tuple[Tensor, ...], split: bool
-) -> Tensor:
-    """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked."""
+    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, operands: tuple[Tensor, ...], split: bool,
+    tiling: Tiles | None = None,
+) -> Tensor:  # fmt: skip
+    """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked,
+    with `tiling` (default: VARIANTS[VARIANT])."""
     from dsgraph.platform.cuda.kernels import attention_tl as K
 
     rows, heads, width = q.shape
@@ -127,19 +172,30 @@ def launch(
     has_pool = len(operands) == 8
     pool, block_table, topk = operands[5:] if has_pool else (ring, seq_slot.view(1, -1), seq_ids.view(-1, 1))
     topk_width = topk.shape[1] if has_pool else 0
-    block_h, block_n = min(BLOCK_H, max(16, _next_pow2(heads))), BLOCK_N
+    tiling = tiling or tiles()
+    block_h, block_n = min(tiling.block_h, max(16, _next_pow2(heads))), tiling.block_n
     if q.dtype == torch.float32:  # f32 operands take twice the shared memory: 227 KB must hold the tiles
-        block_h, block_n = 16, min(BLOCK_N, F32_BLOCK_N)
+        block_h, block_n = 16, min(tiling.block_n, F32_BLOCK_N)
     block_c = max(16, _next_pow2(width // 2))
-    splits = num_splits(topk_width, block_n) if has_pool else 1
+    splits = num_splits(p.window, topk_width, block_n, tiling.split_tiles)
     tensors = (q.contiguous(), kv.contiguous(), ring.contiguous(), pool.contiguous())
-    step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
     sizes = (rows, heads, ring.shape[1], pool.shape[0], pool.shape[1], block_table.shape[1], topk_width)
+    entry_rows = tiling.entry_rows and has_pool and topk_width > 0
+    if entry_rows:  # topk's entries -> pool rows once, for every program of the row
+        pool_rows = torch.empty(rows, topk_width, dtype=torch.int32, device=q.device)
+        K.entry_rows_kernel[(rows, -(-topk_width // ROWS_BLOCK))](
+            seq_ids.contiguous(), block_table.contiguous(), topk.contiguous(), pool_rows, topk_width,
+            pool.shape[1], block_table.shape[1], pool.shape[0], BLOCK=ROWS_BLOCK, num_warps=4,
+        )  # fmt: skip
+        topk = pool_rows
+    step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
     meta = dict(
         NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
-        BLOCK_N=block_n, SPLIT_TILES=SPLIT_TILES, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
-        num_warps=NUM_WARPS,
+        BLOCK_N=block_n, SPLIT_TILES=tiling.split_tiles, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
+        GATHER=tiling.gather_scales, PAIRS=tiling.pair_loads, ROWS=entry_rows, num_warps=tiling.num_warps,
     )  # fmt: skip
+    if tiling.num_stages is not None:
+        meta["num_stages"] = tiling.num_stages
     grid, scale_log2 = (rows, 2 * -(-heads // block_h)), float(p.softmax_scale) * math.log2(math.e)
     if split:
         m = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)

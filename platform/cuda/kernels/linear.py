@@ -11,13 +11,15 @@ FP32 partial sum. Other combinations:
 - dense weights, act_quant none: dots in the common dtype of x and w (FP32 IEEE when they differ);
 - dense weights with act_quant fp8_g32 (no V4.1 graph uses it) and tensors not on a CUDA device (unless
   Triton's interpreter is on) fall back to the cpu rule.
-Tile sizes are fixed, never chosen from the number of rows: batch invariant.
+Tiles are chosen by the number of rows M (TILE_TABLE), never splitting K nor changing the order in which
+32-column chunks are accumulated, so a row's result does not depend on the batch as long as the tensor-core
+dot of one chunk gives the same bits whatever the tile (checked on the GPU by tests/cuda/test_linear.py).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,13 +27,86 @@ from torch import Tensor
 from dsgraph.platform.cpu import rules_core, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
 
-__all__ = ["HOPPER_TILES", "RULES", "dot_kind", "grouped_linear", "linear"]
+__all__ = [
+    "CANDIDATES",
+    "HOPPER_TILES",
+    "RULES",
+    "TILE_TABLE",
+    "Tiles",
+    "dot_kind",
+    "grouped_linear",
+    "linear",
+    "tiles_for",
+]
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_K is one 32-column scale block: with 128
-# (four blocks per step) ptxas for sm_90a spills at 4 and 8 warps; 32 with 8 warps uses 194-246 registers
-# and no spills (checked by cross-compiling, not yet timed). BLOCK_M stays 64 for every M (a decode step
-# wastes tensor-core rows, not HBM bytes, which bound it).
-HOPPER_TILES = (64, 128, 32, 8, 4)
+
+class Tiles(NamedTuple):
+    """One launch configuration of linear_tl.linear_kernel. block_k is a multiple of 32 (the scale block):
+    a pipeline step loads block_k / 32 chunks, which are still accumulated one at a time in K order.
+    prequant: FP8 activations are quantized by a separate pass once per row, not once per N tile."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    prequant: bool = False
+
+
+# The tiles verified on the H200 before the M classes (5d68e1c): the large-M entry. With block_k 128
+# (four chunks per step) ptxas for sm_90a spills at 4 and 8 warps at this block_n.
+HOPPER_TILES = Tiles(64, 128, 32, 8, 4)
+
+# (largest M, tiles), M increasing; the last entry serves every larger M. M is the number of rows (tokens).
+# Decode streams the weights once: small block_n gives N / block_n programs enough to fill 132 SMs, and
+# several chunks per step keep more weight bytes in flight. block_m stays 64 in every class so every class
+# uses the same (wgmma) tensor-core instruction shape per output element; tools/bench/linear_sweep.py
+# times the candidates and tests/cuda/test_linear.py checks bit equality across classes on the GPU.
+# Picked from the H200 sweep at 5d68e1c (bench/results/linear-sweep-H200-5d68e1c.json): per layer at M=1
+# 1.08 -> 0.44 ms, at M=4096 15.4 -> 3.6 ms, every pick bit-equal to HOPPER_TILES. block_m 16 candidates
+# were faster at M <= 8 but not bit-equal (another tensor-core path), so they are out.
+TILE_TABLE: tuple[tuple[int, Tiles], ...] = (
+    (16, Tiles(64, 32, 128, 4, 4, True)),
+    (64, Tiles(64, 64, 128, 4, 4, True)),
+    (1 << 62, Tiles(128, 128, 32, 8, 4)),
+)
+
+# Candidates per M class (same keys as TILE_TABLE's bounds), timed by tools/bench/linear_sweep.py,
+# compiled for sm_90 by tests/cuda/hopper_compile.py and run under the interpreter by test_linear.py.
+CANDIDATES: dict[int, tuple[Tiles, ...]] = {
+    16: (
+        Tiles(64, 16, 128, 4, 4, True),
+        Tiles(64, 32, 128, 4, 4, True),
+        Tiles(64, 32, 128, 4, 4),
+        Tiles(64, 32, 256, 4, 4, True),
+        Tiles(64, 32, 64, 4, 8, True),
+        Tiles(64, 64, 128, 4, 4, True),
+    ),
+    64: (
+        Tiles(64, 32, 128, 4, 4, True),
+        Tiles(64, 64, 128, 4, 4, True),
+        Tiles(64, 64, 128, 4, 4),
+        Tiles(64, 64, 64, 4, 6, True),
+        Tiles(64, 128, 64, 8, 4, True),
+    ),
+    1 << 62: (
+        HOPPER_TILES,
+        Tiles(64, 128, 32, 8, 4, True),
+        Tiles(64, 128, 64, 8, 4, True),
+        Tiles(128, 128, 32, 8, 4),
+        Tiles(128, 128, 32, 8, 4, True),
+        Tiles(128, 64, 64, 8, 4, True),
+    ),
+}
+
+
+def tiles_for(m: int) -> Tiles:
+    """The tiles for a GEMM of m rows: the first TILE_TABLE entry whose bound is >= m. Every entry keeps
+    each output element's K order (batch invariance holds if the tensor-core dots agree: GPU-tested)."""
+    for bound, tiles in TILE_TABLE:
+        if m <= bound:
+            return tiles
+    return TILE_TABLE[-1][1]
 
 
 def _uses_kernel(p: Any, x: Tensor) -> bool:
@@ -57,8 +132,10 @@ def dot_kind(act_quant: str, x: Tensor, dense_weight: Tensor | None) -> int:
     return linear_tl.DOT_F32
 
 
-def _run(p: Any, x3: Tensor, w: Tensor, scale: tuple[Tensor, ...], n_size: int) -> Tensor:
-    """x3 [M, G, K] -> [M, G, N] in out_dtype through the Triton kernel."""
+def _run(
+    p: Any, x3: Tensor, w: Tensor, scale: tuple[Tensor, ...], n_size: int, tiles: Tiles | None = None
+) -> Tensor:
+    """x3 [M, G, K] -> [M, G, N] in out_dtype through the Triton kernel (tiles: by M unless given)."""
     from dsgraph.platform.cuda.kernels import linear_tl
 
     x3 = x3.contiguous()
@@ -67,26 +144,26 @@ def _run(p: Any, x3: Tensor, w: Tensor, scale: tuple[Tensor, ...], n_size: int) 
         return out.zero_()
     scale_bytes = scale[0].contiguous().view(torch.uint8) if scale else None
     kind = dot_kind(p.act_quant, x3, w if p.weight_format == "dense" else None)
-    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, HOPPER_TILES)
+    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles or tiles_for(x3.shape[0]))
     return out
 
 
-def linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> Tensor:
-    """`x [*, k] @ w^T` (see ops/nn.py `linear`)."""
+def linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | None = None) -> Tensor:
+    """`x [*, k] @ w^T` (see ops/nn.py `linear`); tiles: by the row count unless given (sweeps, tests)."""
     if not _uses_kernel(p, x):
         return rules_core.linear(p, x, w, *scale)
     lead = x.shape[:-1]
-    out = _run(p, x.reshape(-1, 1, x.shape[-1]), w, scale, w.shape[0])
+    out = _run(p, x.reshape(-1, 1, x.shape[-1]), w, scale, w.shape[0], tiles)
     return out.reshape(*lead, w.shape[0])
 
 
-def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor) -> Tensor:
+def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | None = None) -> Tensor:
     """`x [*, G, k]`, group g against rows g*n .. (g+1)*n - 1 of w (see ops/nn.py `grouped_linear`)."""
     if not _uses_kernel(p, x):
         return rules_quant.grouped_linear(p, x, w, *scale)
     lead, groups = x.shape[:-2], x.shape[-2]
     n_size = w.shape[0] // groups
-    out = _run(p, x.reshape(-1, groups, x.shape[-1]), w, scale, n_size)
+    out = _run(p, x.reshape(-1, groups, x.shape[-1]), w, scale, n_size, tiles)
     return out.reshape(*lead, groups, n_size)
 
 

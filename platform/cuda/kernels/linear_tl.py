@@ -4,12 +4,19 @@ One program computes a [BLOCK_M, BLOCK_N] tile of group g: `out[m, g, n] = sum_k
 K is walked in 32-column chunks, the size of both scale blocks (weight UE8M0 32x32, activation FP8-g32):
 each chunk is one tensor-core dot with a fresh FP32 accumulator, multiplied by its scales and added to
 the FP32 tile accumulator. Promoting every 32 columns also bounds the error of Hopper's FP8 tensor cores,
-whose internal accumulation keeps only ~14 mantissa bits. The K order is fixed, so a row's result
-depends only on that row and the weights (batch invariance): tile sizes never depend on M.
+whose internal accumulation keeps only ~14 mantissa bits. A pipeline step loads BLOCK_K / 32 chunks
+(more bytes in flight per step) but still adds them one at a time in increasing K order, so a row's
+result depends only on that row and the weights (batch invariance), whatever tiles linear.py picks.
+With FP8 activations the rows may be quantized once by `quantize_rows_kernel` (prequant) instead of once
+per N tile inside the GEMM: the same codec on the same values gives the same operands and scales.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -24,6 +31,7 @@ DOT_F32 = 2  # FP32 operands, IEEE FMA products (f32 activations with dense or m
 # pieces of 8 significant bits each, so three bf16 tensor-core dots give exact products summed in FP32.
 DOT_SPLIT = 3
 DOT_SPLIT_F32 = 4  # the same pieces dotted as FP32 (Triton's interpreter, whose bf16 dot is broken)
+QUANT_BLOCK_M = 16  # rows per program of quantize_rows_kernel
 
 
 @triton.jit
@@ -70,27 +78,64 @@ def chunk_dot(a, b, DOT_KIND: tl.constexpr) -> tl.tensor:
 
 
 @triton.jit
-def linear_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    out_ptr,
-    m_size,
-    n_size,
-    x_stride_m,
-    x_stride_g,
-    out_stride_m,
-    out_stride_g,
-    s_stride,
-    K_SIZE: tl.constexpr,
-    DOT_KIND: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def quantize_rows_kernel(
+    x_ptr, q_ptr, s_ptr, m_size, k_size, x_stride_m, x_stride_g, BLOCK_M: tl.constexpr
 ) -> None:
+    """Grid (cdiv(M, BLOCK_M), K / 32, G): x [M, G, K] -> q [M, G, K] E4M3 and s [M, G, K / 32] FP32
+    (contiguous), the same codec and operand values as chunk_dot's DOT_FP8, computed once per row instead
+    of once per N tile."""
+    pid_m, chunk, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    groups = tl.num_programs(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    cols = chunk * 32 + tl.arange(0, 32)
+    mask = rows[:, None] < m_size
+    x = tl.load(x_ptr + g * x_stride_g + rows[:, None] * x_stride_m + cols[None, :], mask=mask, other=0.0)
+    q, scale = fp8_g32_quantize(x.to(tl.float32))
+    tl.store(q_ptr + (rows[:, None] * groups + g) * k_size + cols[None, :], q, mask=mask)
+    tl.store(s_ptr + (rows * groups + g) * (k_size // 32) + chunk, scale, mask=rows < m_size)
+
+
+@triton.jit
+def _chunk_part(
+    x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, c0, m_size, k_size, x_stride_m, xs_stride_m,
+    s_stride, DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+) -> tl.tensor:  # fmt: skip
+    """The FP32 product of the 32-column chunk starting at column c0, both scales applied."""
+    cols = c0 + tl.arange(0, 32)
+    m_mask = rows < m_size
+    k_ok = c0 < k_size  # a chunk past K (K not a multiple of BLOCK_K): masked to zero
+    if EVEN_K:
+        a = tl.load(x_base + rows[:, None] * x_stride_m + cols[None, :], mask=m_mask[:, None], other=0.0)
+        b = tl.load(w_ptr + w_rows[None, :] * k_size + cols[:, None], mask=n_mask[None, :], other=0.0)
+    else:
+        a = _load_x_chunk(x_base, rows, cols, m_size, k_size, x_stride_m)
+        b = _load_w_chunk(w_ptr, w_rows, n_mask, cols, k_size)
+    if X_SCALED:
+        # x was quantized by quantize_rows_kernel: E4M3 values and their FP32 scale per (row, chunk).
+        a_scale = tl.load(xs_base + rows * xs_stride_m + c0 // 32, mask=m_mask & k_ok, other=0.0)
+        part = tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None]
+    else:
+        part = chunk_dot(a, b, DOT_KIND)
+    if HAS_SCALE:
+        # The scale of a chunk past K must not be read: the byte past the last scale row may be 255 (NaN),
+        # and 0 * NaN is NaN.
+        s = tl.load(s_ptr + (w_rows // 32) * s_stride + c0 // 32, mask=n_mask & k_ok, other=127)
+        part = part * e8m0_to_f32(s)[None, :]
+    return part
+
+
+@triton.jit
+def linear_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, xs_stride_m,
+    out_stride_m, out_stride_g, s_stride, K_SIZE: tl.constexpr, DOT_KIND: tl.constexpr,
+    HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G). x [M, G, K] (unit stride along K), W [G*N, K],
-    scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along N)."""
+    scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along N).
+    X_SCALED: x is E4M3 from quantize_rows_kernel and xs [M, G, K/32] its FP32 scales (xs_stride_m per row;
+    the group's scales start at g * K/32). EVEN_K: K is a multiple of BLOCK_K (no K masks).
+    Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order."""
     pid_n, pid_m, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     # int64 rows: a 64k-token prefill times a 32768-wide row passes 2^31 elements.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -98,59 +143,50 @@ def linear_kernel(
     n_mask = n < n_size
     w_rows = g * n_size + n
     x_base = x_ptr + g * x_stride_g
+    xs_base = xs_ptr + g * (K_SIZE // 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K_SIZE, BLOCK_K):
         for kk in tl.static_range(BLOCK_K // 32):
-            cols = k0 + kk * 32 + tl.arange(0, 32)
-            a = _load_x_chunk(x_base, rows, cols, m_size, K_SIZE, x_stride_m)
-            b = _load_w_chunk(w_ptr, w_rows, n_mask, cols, K_SIZE)
-            part = chunk_dot(a, b, DOT_KIND)
-            if HAS_SCALE:
-                # A chunk past K (K not a multiple of BLOCK_K) has a zero part; its scale must not be read:
-                # the byte past the last scale row may be 255 (NaN), and 0 * NaN is NaN.
-                chunk = (k0 + kk * 32) // 32
-                s_mask = n_mask & (k0 + kk * 32 < K_SIZE)
-                s = tl.load(s_ptr + (w_rows // 32) * s_stride + chunk, mask=s_mask, other=127)
-                part = part * e8m0_to_f32(s)[None, :]
-            acc += part
+            acc += _chunk_part(
+                x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, k0 + kk * 32, m_size, K_SIZE,
+                x_stride_m, xs_stride_m, s_stride, DOT_KIND, HAS_SCALE, X_SCALED, EVEN_K,
+            )  # fmt: skip
     out = out_ptr + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
     tl.store(
         out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=(rows[:, None] < m_size) & n_mask[None, :]
     )
 
 
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, G, K] (K a multiple of 32, unit stride along K) -> (E4M3 [M, G, K], FP32 scales [M, G, K/32])."""
+    m_size, groups, k_size = x.shape
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((m_size, groups, k_size // 32), dtype=torch.float32, device=x.device)
+    if x.numel():
+        grid = (triton.cdiv(m_size, QUANT_BLOCK_M), k_size // 32, groups)
+        quantize_rows_kernel[grid](x, q, s, m_size, k_size, x.stride(0), x.stride(1), BLOCK_M=QUANT_BLOCK_M)
+    return q, s
+
+
 def launch(
-    x: Tensor,
-    w: Tensor,
-    scale: Tensor | None,
-    out: Tensor,
-    dot_kind: int,
-    tiles: tuple[int, int, int, int, int],
+    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, dot_kind: int, tiles: Sequence[Any]
 ) -> None:
     """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N]; tiles = (BLOCK_M, BLOCK_N,
-    BLOCK_K, num_warps, num_stages)."""
+    BLOCK_K, num_warps, num_stages[, prequant]). prequant (DOT_FP8 with K % 32 == 0 only): x is quantized
+    by quantize_rows_kernel first, which gives the GEMM the same operands as in-kernel quantization."""
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
-    block_m, block_n, block_k, num_warps, num_stages = tiles
+    block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
+    x_scaled = bool(tiles[5]) if len(tiles) > 5 else False
+    x_scaled = x_scaled and dot_kind == DOT_FP8 and k_size % 32 == 0
+    xs = x
+    if x_scaled:
+        x, xs = quantize_rows(x)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups)
     linear_kernel[grid](
-        x,
-        w,
-        scale if scale is not None else w,
-        out,
-        m_size,
-        n_size,
-        x.stride(0),
-        x.stride(1),
-        out.stride(0),
-        out.stride(1),
-        scale.stride(0) if scale is not None else 0,
-        K_SIZE=k_size,
-        DOT_KIND=dot_kind,
-        HAS_SCALE=scale is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        x, xs, w, scale if scale is not None else w, out, m_size, n_size, x.stride(0), x.stride(1),
+        xs.stride(0) if x_scaled else 0, out.stride(0), out.stride(1),
+        scale.stride(0) if scale is not None else 0, K_SIZE=k_size,
+        DOT_KIND=dot_kind, HAS_SCALE=scale is not None, X_SCALED=x_scaled, EVEN_K=k_size % block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip

@@ -10,6 +10,11 @@
   kernel adds a row's expert outputs in increasing expert id, in FP32, the cpu rule's order, and rounds
   once to out_dtype. No host synchronisation except the id range check, which is skipped while a CUDA
   graph is being captured or checks are off (the kernels then treat an id >= E as padding).
+  Variants (VARIANTS, the one run is EXPERT_VARIANT): "base" is the above; the "swap*" ones run the
+  swap-AB kernels of moe_swap_tl.py (weight rows on the dot's M side, BF16 dots of exact products over
+  BLOCK_K columns) for MXFP4 weights with an FP8-g32 or BF16 activation (other cases: base), with tiles
+  chosen by the step's row bucket (BLOCK_T 16 at decode); an extra launch qdq's x once, and the plan
+  runs again when the down GEMM's BLOCK_T differs from the gated one's.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -18,6 +23,7 @@ Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,13 +36,77 @@ from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
 
-__all__ = ["DOWN_TILES", "GATED_TILES", "RULES", "moe_experts", "moe_route", "swiglu"]
+__all__ = [
+    "DOWN_TILES",
+    "EXPERT_VARIANT",
+    "GATED_TILES",
+    "RULES",
+    "SwapTiles",
+    "VARIANTS",
+    "moe_experts",
+    "moe_route",
+    "swiglu",
+]
 
 # BLOCK_M, BLOCK_N, num_warps, num_stages of the expert GEMMs; fixed, never chosen from the row count.
 # Both share BLOCK_M (one tile table). The fused w1/w3 GEMM holds two accumulators: BLOCK_N 64 keeps it
 # free of register spills at 8 warps (218 registers for sm_90a), as BLOCK_N 128 does for w2 (216).
 GATED_TILES = (64, 64, 8, 3)
 DOWN_TILES = (64, 128, 8, 3)
+
+
+@dataclass(frozen=True)
+class SwapTiles:
+    """Tiles of one swap-AB expert GEMM (moe_swap_tl.py): weight rows, sorted rows and columns per dot."""
+
+    block_w: int
+    block_t: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# A swap variant: (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one
+# taking every larger step. Row buckets may change BLOCK_T and BLOCK_W only: BLOCK_K (the dots' K order)
+# is the variant's, so a row's result never depends on the bucket (batch invariance).
+SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
+_BIG = 1 << 62
+_D64, _D128 = SwapTiles(64, 16, 64, 4, 4), SwapTiles(64, 16, 128, 4, 4)  # decode: 16 rows per tile
+_W128 = SwapTiles(128, 16, 128, 8, 4)
+VARIANTS: dict[str, SwapBuckets | None] = {
+    "base": None,  # expert_gemm_kernel with GATED_TILES / DOWN_TILES (FP8 dots, 32-column promotion)
+    # registers per thread (ptxas sm_90a, no spills; hopper_compile.py): decode 130 / 64, prefill 254 / 148
+    "swap": (
+        (512, _D64, _D64),
+        (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3)),
+    ),
+    "swap_k128": (
+        (512, _D128, _D128),
+        (_BIG, SwapTiles(128, 64, 128, 8, 3), SwapTiles(128, 64, 128, 8, 3)),
+    ),
+    "swap_w128": (
+        (512, _W128, _W128),
+        (_BIG, SwapTiles(128, 64, 128, 8, 3), SwapTiles(128, 64, 128, 8, 3)),
+    ),
+    # one tile set for every step (no bucket switch)
+    "swap_flat": ((_BIG, _D64, _D64),),
+}
+
+
+def _check_variants() -> None:
+    for name, buckets in VARIANTS.items():
+        ks = {t.block_k for _, *tiles in buckets or () for t in tiles}
+        if len(ks) > 1:
+            raise ValueError(
+                f"moe VARIANTS[{name!r}]: BLOCK_K {sorted(ks)} differ between buckets, expected one"
+            )
+
+
+_check_variants()
+# The variant moe_experts runs: flipped after the GPU sweep (tools/bench/moe_sweep.py).
+# From the H200 sweep at 5d68e1c (bench/results/moe-sweep-H200-5d68e1c.json): "swap" is 3.0x (1 row)
+# to 3.7x (64 rows) and 2.8x (4096 rows) faster than "base", within the bound at every size.
+EXPERT_VARIANT = "swap"
 
 
 def _on_device(x: Tensor) -> bool:
@@ -128,6 +198,9 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
     w1, w3, w2 = (w.contiguous() for w in ws[:3])
     s1, s3, s2 = (s.contiguous().view(torch.uint8) for s in ws[3:]) if fp4 else (None, None, None)
     ids = ids.to(torch.int32).contiguous()
+    buckets = VARIANTS[EXPERT_VARIANT]
+    if buckets is not None and _swap_covers(p, x):
+        return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), buckets)
     plan = _plan(ids, weights.contiguous(), num_experts, GATED_TILES[0])
     tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
     config = _expert_config(p, x, w1, GATED_TILES)
@@ -139,6 +212,57 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
     y = torch.empty((ids.numel(), hidden), dtype=to_torch(p.gemm_out_dtype), device=x.device)
     config2 = _expert_config(p, act, w2, DOWN_TILES)
     moe_tl.launch_expert_gemm(act, None, (w2, s2, None, None), None, tiles, y, limit, config2)
+    out = torch.empty(x.shape, dtype=to_torch(p.out_dtype), device=x.device)
+    moe_tl.launch_combine(y, ids, plan["position"], num_experts, out)
+    return out
+
+
+def _swap_covers(p: Any, x: Tensor) -> bool:
+    """The swap kernels dot BF16 values: MXFP4 weights against an FP8-g32 activation (any x dtype) or a
+    BF16 one; other cases run the base kernels."""
+    return p.weight_format == "mxfp4_rows" and (p.act_quant == "fp8_g32" or x.dtype == torch.bfloat16)
+
+
+def _swap_config(p: Any, x: Tensor, tiles: SwapTiles) -> dict[str, Any]:
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    return dict(
+        GEMM_DTYPE=moe_tl.GEMM_DTYPES[p.gemm_out_dtype],
+        WIDE=not x.is_cuda,  # the interpreter's BF16 dot is wrong: FP32 dots of the same values
+        BLOCK_W=tiles.block_w,
+        BLOCK_T=tiles.block_t,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+def _swap_experts(
+    p: Any, x: Tensor, ids: Tensor, weights: Tensor, ws: tuple[Tensor, ...], buckets: SwapBuckets
+) -> Tensor:
+    """moe_experts through the swap-AB kernels (moe_swap_tl.py); the tiles follow the row bucket."""
+    from dsgraph.platform.cuda.kernels import moe_swap_tl, moe_tl
+
+    w1, s1, w3, s3, w2, s2 = ws
+    rows, hidden = x.shape
+    gated, down = next((g, d) for most, g, d in buckets if rows <= most)
+    num_experts, inter = w1.shape[0], w1.shape[1]
+    a = x
+    if p.act_quant == "fp8_g32":
+        a = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+        moe_swap_tl.launch_qdq_rows(x, a)
+    plan = _plan(ids, weights, num_experts, gated.block_t)
+    tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
+    act = torch.empty((ids.numel(), inter), dtype=torch.bfloat16, device=x.device)
+    config = _swap_config(p, x, gated) | dict(QDQ_OUT=p.act_quant == "fp8_g32")
+    limit = float(p.swiglu_limit)
+    moe_swap_tl.launch_swap_gemm(a, plan["token"], (w1, s1, w3, s3), plan["route"], tiles, act, limit, config)
+    y = torch.empty((ids.numel(), hidden), dtype=to_torch(p.gemm_out_dtype), device=x.device)
+    if down.block_t != gated.block_t:
+        plan = _plan(ids, weights, num_experts, down.block_t)
+        tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
+    config = _swap_config(p, x, down) | dict(QDQ_OUT=False)
+    moe_swap_tl.launch_swap_gemm(act, None, (w2, s2, None, None), None, tiles, y, limit, config)
     out = torch.empty(x.shape, dtype=to_torch(p.out_dtype), device=x.device)
     moe_tl.launch_combine(y, ids, plan["position"], num_experts, out)
     return out

@@ -1,0 +1,222 @@
+"""The "swap" expert GEMMs of `moe_experts` (rules in moe.py, which imports this lazily): out^T = W . a^T.
+
+The expert's weight rows sit on the tensor-core dot's M side (BLOCK_W of them) and the tile's sorted rows
+(tokens, or pairs for w2) on its N side (BLOCK_T, 16 at decode): a decode tile has no M padding, and one
+expert's weight matrix is split over N_SIZE / BLOCK_W programs that stream it once. The packed MXFP4
+weights are dequantized in registers to BF16 (E2M1 value x UE8M0 scale is exact in BF16; it is not in
+E4M3 once the scale leaves [2^-8, 2^6]), so they are the dot's register operand and the activation tile
+the shared-memory one. The activation is what the cpu rule's GEMM reads, already rounded to BF16 exactly:
+x FP8-g32 qdq'd by `qdq_rows_kernel` (FP8 value x power-of-two scale is exact in BF16), or BF16 x as is.
+Each dot runs over BLOCK_K columns into one FP32 accumulator (products exact, FP32 sums, K in increasing
+order): a row's result depends only on that row and on BLOCK_K, never on the tile's other rows, so the
+row-side tile BLOCK_T may follow the step's row count (moe.py) without changing a bit.
+The gated kernel fuses w1 and w3, the gemm_out rounding, the clamped SwiGLU, the routing weight and the
+w2 GEMM's input rounding (FP8-g32 qdq, or rounding to the activation dtype) and writes that BF16 input;
+the down kernel writes each pair's w2 output rounded to gemm_out. Under Triton's interpreter, whose BF16
+dot is wrong, the same values are dotted in FP32 (WIDE): the same exact products.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to, silu_f32
+
+
+@triton.jit
+def _e2m1_f32(codes):
+    """int32 codes 0..15 (bit 3 the sign) -> FP32 values; code 8 (-0) gives +0 like the cpu dequantizer."""
+    magnitude = codes & 7
+    normal = ((126 + (magnitude >> 1)) << 23) | ((magnitude & 1) << 22)  # 2^(e-1) (1 + m/2), e = mag >> 1
+    bits = tl.where(magnitude >= 2, normal, tl.where(magnitude == 1, 0x3F000000, 0))
+    bits = bits | tl.where(magnitude != 0, (codes & 8) << 28, 0)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN: tl.constexpr):  # fmt: skip
+    """The bytes [BLOCK_W, BLOCK_K // 2] of W[n, k0 : k0 + BLOCK_K] and their UE8M0 scales, raw (past N
+    or K: zeros). EVEN (BLOCK_W divides N, BLOCK_K divides K): no masks, so the loads are vectorized."""
+    byte_col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w_ptrs = w_base + n[:, None] * (K_SIZE // 2) + byte_col[None, :]
+    s_ptrs = s_base + n[:, None] * (K_SIZE // 32) + group[None, :]
+    if EVEN:
+        b = tl.load(w_ptrs)
+        s = tl.load(s_ptrs)
+    else:
+        b = tl.load(w_ptrs, mask=n_mask[:, None] & (byte_col[None, :] < K_SIZE // 2), other=0)
+        s = tl.load(s_ptrs, mask=n_mask[:, None] & (group[None, :] < K_SIZE // 32), other=127)
+    return b, s
+
+
+@triton.jit
+def _dequantize(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr):
+    """Packed bytes and scales (from _load_packed) -> [BLOCK_W, BLOCK_K] BF16 values (FP32 when WIDE)."""
+    b = b.to(tl.int32) & 0xFF
+    # column 2j is byte j's low nibble, 2j + 1 its high one: join along a new last axis and flatten
+    codes = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_W, BLOCK_K))
+    w = tl.reshape(_e2m1_f32(codes), (BLOCK_W, BLOCK_K // 32, 32)) * e8m0_to_f32(s)[:, :, None]
+    w = tl.reshape(w, (BLOCK_W, BLOCK_K))
+    if not WIDE:
+        w = w.to(tl.bfloat16)
+    return w
+
+
+@triton.jit
+def _qdq_columns(act, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr):
+    """act [BLOCK_W, BLOCK_T] FP32, each column one row's BLOCK_W consecutive values: FP8-g32 qdq along
+    BLOCK_W (the cpu rule's fp8_g32_qdq of the w2 input), as FP32."""
+    groups = tl.reshape(tl.trans(act), (BLOCK_T * (BLOCK_W // 32), 32))
+    q, scale = fp8_g32_quantize(groups)
+    return tl.trans(tl.reshape(q.to(tl.float32) * scale[:, None], (BLOCK_T, BLOCK_W)))
+
+
+@triton.jit
+def swap_gemm_kernel(
+    a_ptr,
+    a_rows_ptr,
+    w_ptr,
+    s_ptr,
+    v_ptr,
+    vs_ptr,
+    route_ptr,
+    tile_expert_ptr,
+    tile_start_ptr,
+    tile_end_ptr,
+    out_ptr,
+    num_experts,
+    a_stride,
+    limit,
+    N_SIZE: tl.constexpr,
+    K_SIZE: tl.constexpr,
+    GATED: tl.constexpr,
+    QDQ_OUT: tl.constexpr,
+    GEMM_DTYPE: tl.constexpr,
+    WIDE: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN: tl.constexpr,
+) -> None:
+    """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
+    GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
+    tile = tl.program_id(1)
+    e = tl.load(tile_expert_ptr + tile)
+    if e < num_experts:
+        rows = tl.load(tile_start_ptr + tile) + tl.arange(0, BLOCK_T)
+        row_mask = rows < tl.load(tile_end_ptr + tile)
+        if GATED:
+            a_rows = tl.load(a_rows_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+        else:
+            a_rows = rows.to(tl.int64)
+        n = tl.program_id(0) * BLOCK_W + tl.arange(0, BLOCK_W)
+        n_mask = n < N_SIZE
+        # int64 expert offsets: 384 experts x 2304 rows x 2560 bytes pass 2^31.
+        w_offset = e.to(tl.int64) * N_SIZE * (K_SIZE // 2)
+        s_offset = e.to(tl.int64) * N_SIZE * (K_SIZE // 32)
+        w_base, s_base = w_ptr + w_offset, s_ptr + s_offset
+        v_base, vs_base = v_ptr + w_offset, vs_ptr + s_offset
+        acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+        acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+        # The weight bytes of the next chunk are loaded before this chunk's dots (a register prefetch:
+        # decode streams weights, and the loads must be in flight while the dots wait).
+        wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN)
+        vb, vs = wb, ws
+        if GATED:
+            vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN)
+        for k0 in range(0, K_SIZE, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            a_ptrs = a_ptr + a_rows[None, :] * a_stride + cols[:, None]
+            if EVEN:
+                a = tl.load(a_ptrs, mask=row_mask[None, :], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=row_mask[None, :] & (cols[:, None] < K_SIZE), other=0.0)
+            if WIDE:
+                a = a.to(tl.float32)
+            # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
+            k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
+            w = _dequantize(wb, ws, BLOCK_W, BLOCK_K, WIDE)
+            wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
+            acc = tl.dot(w, a, acc, input_precision="ieee", out_dtype=tl.float32)
+            if GATED:
+                v = _dequantize(vb, vs, BLOCK_W, BLOCK_K, WIDE)
+                vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
+                acc_v = tl.dot(v, a, acc_v, input_precision="ieee", out_dtype=tl.float32)
+        out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
+        if GATED:
+            g = tl.minimum(out, limit)
+            v = tl.minimum(tl.maximum(round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32), -limit), limit)
+            route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
+            out = silu_f32(g) * v * route[None, :]
+            if QDQ_OUT:
+                out = _qdq_columns(out, BLOCK_W, BLOCK_T)
+        out_ptrs = out_ptr + rows[None, :].to(tl.int64) * N_SIZE + n[:, None]
+        tl.store(
+            out_ptrs, round_f32_to(out, out_ptr.dtype.element_ty), mask=row_mask[None, :] & n_mask[:, None]
+        )
+
+
+@triton.jit
+def qdq_rows_kernel(x_ptr, out_ptr, num_rows, width, BLOCK_R: tl.constexpr) -> None:
+    """out = fp8_g32_qdq(x) (FP32 math, exact in out's BF16): grid (row blocks, 32-column groups)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+    cols = tl.program_id(1) * 32 + tl.arange(0, 32)
+    mask = rows[:, None] < num_rows
+    x = tl.load(x_ptr + rows[:, None] * width + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    q, scale = fp8_g32_quantize(x)
+    out = q.to(tl.float32) * scale[:, None]
+    tl.store(
+        out_ptr + rows[:, None] * width + cols[None, :],
+        round_f32_to(out, out_ptr.dtype.element_ty),
+        mask=mask,
+    )
+
+
+def launch_qdq_rows(x: Tensor, out: Tensor) -> None:
+    """x [rows, width] (width a multiple of 32) -> out [rows, width] = fp8_g32_qdq(x)."""
+    rows, width = x.shape
+    block_r = 32
+    qdq_rows_kernel[(triton.cdiv(rows, block_r), width // 32)](
+        x, out, rows, width, BLOCK_R=block_r, num_warps=4
+    )
+
+
+def launch_swap_gemm(
+    a: Tensor,
+    a_rows: Tensor | None,
+    weights: tuple[Tensor, Tensor, Tensor | None, Tensor | None],
+    route: Tensor | None,
+    tiles: tuple[Tensor, Tensor, Tensor],
+    out: Tensor,
+    limit: float,
+    config: dict,
+) -> None:
+    """weights = (w, scale, v, v_scale): packed MXFP4 (uint8 scales), v None for w2; a_rows: the A row of
+    each sorted row (gated only); tiles = (expert, start, end) per row tile; config: GEMM_DTYPE, QDQ_OUT,
+    WIDE, BLOCK_W, BLOCK_T, BLOCK_K, num_warps, num_stages."""
+    w, s, v, vs = weights
+    n_size, k_size = w.shape[1], a.shape[1]
+    grid = (triton.cdiv(n_size, config["BLOCK_W"]), tiles[0].shape[0])
+    swap_gemm_kernel[grid](
+        a,
+        a_rows if a_rows is not None else tiles[0],
+        w,
+        s,
+        v if v is not None else w,
+        vs if vs is not None else s,
+        route if route is not None else tiles[0],
+        *tiles,
+        out,
+        w.shape[0],
+        a.stride(0),
+        limit,
+        N_SIZE=n_size,
+        K_SIZE=k_size,
+        GATED=v is not None,
+        EVEN=n_size % config["BLOCK_W"] == 0 and k_size % config["BLOCK_K"] == 0,
+        **config,
+    )

@@ -1,0 +1,75 @@
+"""The DSpark draft pass captured in CUDA graphs on the GPU (runtime/spec_draft.py): greedy tokens with
+captured drafting equal a non-drafting run, every draft bucket is captured once (no recapture when the
+same prompts run again), and on the full cuda platform (Triton kernels) the draft graph is captured
+whole: no step, the in-graph `sample` and `sampling_logprobs` included, runs eagerly; its drafts,
+confidences and log-probs equal the eager pass's bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
+from dsgraph.models.deepseek_v41.model import build_model
+from dsgraph.models.deepseek_v41.numerics import SERVING
+from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.runtime.llm import LLM
+from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.runtime.session import CacheSizes, Session
+from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
+from dsgraph.tools.bench.model_bench import fill_caches
+from dsgraph.tools.bench.steps import pages_for
+from dsgraph.tools.bench.weights_gpu import random_serving_weights
+from tests.oracle import model_fixtures as fx
+from tests.runtime.test_spec_draft_capture import CONTEXT, SLOTS, assert_same, requests
+
+PROMPTS = [fx.prompt(700 + i, n) for i, n in enumerate([3, 17, 5, 30, 9])]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+CURVE = ((8, 64, 256), (1.0, 1.2, 2.0))
+
+
+def _tokens(llm: LLM) -> list[tuple[int, ...]]:
+    outs = llm.generate(PROMPTS, GREEDY)
+    errors = [(i, o.error) for i, o in enumerate(outs) if o.error is not None]
+    assert not errors, f"requests failed inside the engine: {errors}"
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.gpu
+def test_captured_drafting_keeps_greedy_tokens(tmp_path_factory: pytest.TempPathFactory) -> None:
+    model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
+    kw = {"numerics": "reference", "max_model_len": 256, "platform": "cuda"}
+    plain = _tokens(LLM(model_dir, speculative="off", **kw))
+    llm = LLM(model_dir, speculative="dspark", throughput_curve=CURVE, draft_pause=False, **kw)
+    spec = llm.engine.spec
+    assert spec is not None and spec.drafter.capture
+    assert _tokens(llm) == plain
+    drafter = spec.drafter
+    assert drafter.draft_captures == len(drafter.captured) > 0, drafter.as_text()
+    passes, captures = llm.engine.spec_stats()["draft_passes"], drafter.draft_captures  # type: ignore[index]
+    assert passes > captures  # replays, not only captures
+    assert _tokens(llm) == plain
+    assert drafter.draft_captures == captures  # every bucket was seen by the first run
+
+
+@pytest.mark.gpu
+def test_draft_graph_is_captured_whole_and_equals_eager(tmp_path: Path) -> None:
+    model_dir = fx.checkpoint("tiny", str(tmp_path))
+    cfg = fx.config(Path(model_dir), None)
+    token_map, _ = build_token_map(load_tokenizer(model_dir))
+    model = build_model(cfg, token_map, SERVING, default_geometry(cfg.text, 128, 16), dspark=True)
+    weights = random_serving_weights(cfg, token_map, device="cuda", dspark=True)
+    pages = {r: SLOTS * pages_for(model, r, CONTEXT) for r in ratios(model.plans)}
+    session = Session(model, weights, CacheSizes(SLOTS, pages), platform="cuda")
+    fill_caches(session)
+    runner = DraftRunner(session, weights)
+    for step, n in enumerate([1, 3, 2, 3, 1, 4]):
+        got = runner.run(requests(n, step))
+        got = DraftOutput(got.tokens, got.logprobs.clone(), got.confidence)
+        assert_same(got, runner.run(requests(n, step), capture=False), f"pass {step} ({n} requests)")
+    assert runner.draft_captures == 3
+    for seqs, captured in runner.captured.items():
+        assert captured.num_eager == 0 and captured.num_graphs == 1, f"bucket {seqs}: {runner.as_text()}"
+    assert torch.cuda.is_available()

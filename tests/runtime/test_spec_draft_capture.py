@@ -1,0 +1,125 @@
+"""The DSpark draft pass captured per bucket (runtime/spec_draft.py) on the cuda platform with a cpu
+device, where a captured piece re-runs its steps into the buffers recorded at capture
+(platform/cuda/capture.py): over several passes and buckets the captured drafts, confidences and draft
+log-probs equal the eager pass's bit for bit, a repeated bucket is never captured again, `capture=False`
+stays eager, and the in-graph `sample` and `sampling_logprobs` steps are captured (no eager piece).
+
+The platform is the cuda platform without its Triton kernels (`target.DEFAULTS`: the cpu rules on device
+tensors) because Triton's interpreter makes one tiny draft pass take tens of seconds; its moe_experts
+rule stays eager here, so the split into graphs and eager pieces is exercised too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
+from dsgraph.models.deepseek_v41.model import build_model
+from dsgraph.models.deepseek_v41.numerics import SERVING
+from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.platform.cuda.capture import capturable
+from dsgraph.platform.cuda.target import DEFAULTS
+from dsgraph.runtime.session import CacheSizes, Session
+from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
+from dsgraph.tools.bench.model_bench import fill_caches
+from dsgraph.tools.bench.steps import pages_for
+from dsgraph.tools.bench.weights_gpu import random_serving_weights
+from tests.oracle import model_fixtures as fx
+
+SLOTS, CONTEXT = 3, 96
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, torch.Tensor]]:
+    model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
+    cfg = fx.config(Path(model_dir), None)
+    token_map, _ = build_token_map(load_tokenizer(model_dir))
+    model = build_model(cfg, token_map, SERVING, default_geometry(cfg.text, 128, 16), dspark=True)
+    return model, random_serving_weights(cfg, token_map, device="cpu", dspark=True)
+
+
+def session(parts: tuple[Any, dict[str, torch.Tensor]], *, capture: bool) -> Session:
+    model, weights = parts
+    pages = {r: SLOTS * pages_for(model, r, CONTEXT) for r in ratios(model.plans)}
+    s = Session(model, weights, CacheSizes(SLOTS, pages), platform=DEFAULTS, device="cpu", capture=capture)
+    assert s.on_device  # the device path (eager or captured), not the cpu platform's interpreter
+    fill_caches(s)  # context rings of random, finite keys
+    return s
+
+
+def requests(n: int, step: int) -> list[DraftRequest]:
+    """n requests that differ in every field between passes: greedy and sampled rows, several slots."""
+    return [
+        DraftRequest(
+            anchor=(37 * step + 11 * i) % 200 + 1,
+            position=60 + 3 * step + i,
+            slot=(step + i) % SLOTS,
+            window_start=i % 2,
+            temperature=0.0 if (step + i) % 3 == 0 else 0.7 + 0.1 * i,
+            top_p=0.9 if i % 2 else 1.0,
+            top_k=0 if i % 2 else 20,
+            min_p=0.05 * (step % 2),
+            seed=1000 * step + i,
+        )
+        for i in range(n)
+    ]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (NaN and -inf compare exactly)."""
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def assert_same(got: DraftOutput, want: DraftOutput, where: str) -> None:
+    for field in ("tokens", "confidence", "logprobs"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{where} {field}: {a.shape} vs {b.shape}"
+        assert torch.equal(bits(a), bits(b)), f"{where} {field}: captured differs from eager"
+
+
+def test_captured_drafts_equal_eager_bit_for_bit(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    s = session(parts, capture=True)
+    runner = DraftRunner(s, parts[1])
+    assert runner.capture
+    eager = DraftRunner(s, parts[1], capture=False)
+    tokens = []
+    for step, n in enumerate([1, 3, 2, 3, 1, 4, 2]):  # buckets 1, 4, 2, then each again
+        got = runner.run(requests(n, step))
+        assert runner.last_captured == (step < 3)  # buckets 1, 4, 2 are new in the first three passes
+        got = DraftOutput(got.tokens, got.logprobs.clone(), got.confidence)  # a view of a static buffer
+        assert_same(got, eager.run(requests(n, step)), f"pass {step} ({n} requests)")
+        assert got.tokens.shape == (n, s.model.cfg.text.dspark_block_size)
+        tokens.append(got.tokens)
+        if step == 2:
+            assert runner.draft_captures == 3 and sorted(runner.captured) == [1, 2, 4]
+    assert runner.draft_captures == 3  # repeated buckets replayed, never recaptured
+    assert eager.draft_captures == 0 and not eager.captured
+    assert len({tuple(t.flatten().tolist()) for t in tokens}) > 1  # the passes drafted different tokens
+    assert s.captures == 0  # draft captures are the runner's, not the target's
+
+
+def test_capture_flag_of_the_session_keeps_drafting_eager(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    runner = DraftRunner(session(parts, capture=False), parts[1])
+    out = runner.run(requests(2, 5))
+    assert not runner.capture and runner.draft_captures == 0 and not runner.captured
+    assert bool(torch.isfinite(out.confidence).all())
+
+
+def test_sampling_steps_of_the_draft_are_captured(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    runner = DraftRunner(session(parts, capture=True), parts[1])
+    runner.run(requests(1, 0))
+    steps = runner.captured[1].program.program.steps
+    for op in ("sample", "sampling_logprobs", "draft_attention"):
+        found = [i for i, st in enumerate(steps) if st.eqn.op == op]
+        assert found, f"the draft graph has no {op} step"
+        for i in found:
+            ok, why = capturable(steps[i])
+            assert ok, f"draft step {i} ({op}) is not capturable: {why}"
+    eager_ops = {steps[i].eqn.op for ok, idx in runner.captured[1].runs if not ok for i in idx}
+    # without the Triton kernels only the moe_experts cpu rule (nonzero: a data-dependent shape) runs
+    # between the graphs; on the full cuda platform its kernel is captured too
+    assert eager_ops <= {"moe_experts"}, runner.as_text()

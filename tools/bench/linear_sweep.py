@@ -1,0 +1,298 @@
+"""Tile sweep of the FP8 block-scaled linear (platform/cuda/kernels/linear.py) at V4.1's shapes.
+
+`python -m dsgraph.tools.bench.linear_sweep --out DIR` times, for every shape the model's linears use
+(hidden 5120) and M = 1, 8, 64, 256, 4096 rows, the verified tiles (HOPPER_TILES), the tiles TILE_TABLE
+picks and every CANDIDATES entry of M's class, next to `torch._scaled_mm` (per-tensor scales, the dense
+FP8 ceiling; bf16 matmul for the dense weights) on the same shape. Each figure: ms per call, weight bytes /
+time as a fraction of the copy bandwidth and TFLOP/s as a fraction of the FP8 GEMM rate, both measured
+in the same run (calibrate.py). Calls are timed as CUDA-graph replays over enough weight copies to pass
+the L2 cache (a decode step streams its weights from HBM). Every config's output is compared with
+HOPPER_TILES' output: `bit_equal` (what batch invariance across M classes needs when both serve) and
+`within_tol` (twice the GPU test tolerance of tests/cuda/test_linear.py). Kernels are compiled first in
+a pool of processes (Triton's disk cache), so one run stays near a minute on an H200.
+Writes DIR/linear_sweep.json and prints one line per (shape, M, config) and a per-layer summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from dsgraph.platform.cpu import rules_core
+from dsgraph.platform.cuda.kernels import linear as lin
+from dsgraph.platform.cuda.kernels.linear import Tiles
+
+MS = (1, 8, 64, 256, 4096)
+PASS_L2_BYTES = 256 << 20  # weight copies per timed graph: at least this many bytes (H200 L2: 50 MB)
+MAX_COPIES = 32
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One linear of the model: N x K weight (per group), the activation path, output dtype, row counts
+    timed and how many such calls one layer makes (the summary's weights)."""
+
+    name: str
+    n: int
+    k: int
+    groups: int = 1
+    act: str = "fp8"  # fp8: bf16 x, act_quant fp8_g32; f32: f32 x, act_quant none (wo_b); dense: bf16 w
+    out: str = "bf16"
+    ms: tuple[int, ...] = MS
+    per_layer: float = 1.0
+
+
+SHAPES = (
+    Shape("attn.wq_a", 1280, 5120),
+    Shape("attn.wq_b", 32768, 1280),  # also the (4096, 32768, 1280) prefill shape
+    Shape("attn.wkv", 512, 5120),
+    Shape("attn.wo_a", 1024, 4096, groups=8, out="f32"),
+    Shape("attn.wo_b", 5120, 8192, act="f32"),
+    Shape("indexer.wq_b", 4096, 1280, per_layer=0.2),  # Full and Reindex layers: 8 of 40
+    Shape("shared.w1/w3", 2304, 5120, per_layer=2.0),
+    Shape("shared.w2", 5120, 2304),
+    Shape("ffn.gate", 384, 5120, act="dense", out="f32", ms=(1, 8, 64, 256)),
+    Shape("head", 129280, 5120, act="dense", out="f32", ms=(1, 8, 64), per_layer=0.0),
+    Shape("fp8 16k x 5120 x 8192", 5120, 8192, ms=(16384,), per_layer=0.0),
+)
+
+
+def _params(s: Shape) -> Any:
+    fmt = "dense" if s.act == "dense" else "fp8_block32"
+    return SimpleNamespace(
+        weight_format=fmt, act_quant="fp8_g32" if s.act == "fp8" else "none", out_dtype=s.out
+    )
+
+
+def _inputs(s: Shape, m: int, copies: int, fill: bool = True) -> tuple[torch.Tensor, list[tuple]]:
+    """x [m, (G,) K] and `copies` weight tuples (w[, UE8M0 scales with varied exponents])."""
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + s.n)
+    rows, dev = s.groups * s.n, "cuda"
+    x_dtype = torch.float32 if s.act == "f32" else torch.bfloat16
+    x_shape = (m, s.groups, s.k) if s.groups > 1 else (m, s.k)
+    x = (
+        torch.randn(x_shape, generator=gen, device=dev).to(x_dtype)
+        if fill
+        else torch.empty(x_shape, dtype=x_dtype, device=dev)
+    )
+    weights = []
+    for _ in range(copies):
+        w = (
+            torch.randn(rows, s.k, generator=gen, device=dev) * s.k**-0.5
+            if fill
+            else torch.empty(rows, s.k, device=dev)
+        )
+        if s.act == "dense":
+            weights.append((w.bfloat16(),))
+            continue
+        scale = torch.randint(118, 130, (-(-rows // 32), -(-s.k // 32)), generator=gen, device=dev)
+        weights.append((w.to(torch.float8_e4m3fn), scale.to(torch.uint8).view(torch.float8_e8m0fnu)))
+    return x, weights
+
+
+def _call(s: Shape, x: torch.Tensor, w: tuple, tiles: Tiles) -> torch.Tensor:
+    rule = lin.grouped_linear if s.groups > 1 else lin.linear
+    return rule(_params(s), x, *w, tiles=tiles)
+
+
+def _configs(s: Shape, m: int) -> list[Tiles]:
+    """HOPPER_TILES, the table's pick, then M's class candidates; prequant only matters for fp8 x."""
+    bound = next((b for b, _ in lin.TILE_TABLE if m <= b), lin.TILE_TABLE[-1][0])
+    out: list[Tiles] = []
+    for t in (lin.HOPPER_TILES, lin.tiles_for(m), *lin.CANDIDATES.get(bound, ())):
+        t = t if s.act == "fp8" else t._replace(prequant=False)
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def _warm_one(task: tuple[Shape, int, Tiles]) -> str | None:
+    """Compile one (shape, M, tiles) by launching it once (fills Triton's disk cache)."""
+    s, m, tiles = task
+    try:
+        x, w = _inputs(s, m, 1, fill=False)
+        _call(s, x, w[0], tiles)
+        torch.cuda.synchronize()
+    except Exception as exc:  # reported in the timing pass too; a failed compile must not end the sweep
+        return f"{s.name} m={m} {tuple(tiles)}: {type(exc).__name__}: {str(exc)[:200]}"
+    return None
+
+
+def precompile(shapes: list[Shape], workers: int) -> list[str]:
+    tasks = [(s, m, t) for s in shapes for m in s.ms for t in _configs(s, m)]
+    if workers <= 1:
+        return [e for e in map(_warm_one, tasks) if e]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        return [e for e in pool.map(_warm_one, tasks, chunksize=2) if e]
+
+
+def _time_calls(fn: Any, copies: int) -> float:
+    from dsgraph.tools.bench.timing import graph_time_ms
+
+    return graph_time_ms(lambda: [fn(i) for i in range(copies)], repeats=5) / copies
+
+
+def _reference_ms(s: Shape, x: torch.Tensor, weights: list[tuple]) -> float:
+    """_scaled_mm (rows padded to 16) on the same FP8 operands, per group; bf16 matmul for dense."""
+    if s.act == "dense":
+        return _time_calls(lambda i: x @ weights[i][0].t(), len(weights))
+    x2 = x.reshape(x.shape[0], -1, s.k)[:, 0]
+    x8 = torch.nn.functional.pad(x2.float(), (0, 0, 0, -x2.shape[0] % 16)).to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+
+    def call(i: int) -> None:
+        w = weights[i][0]
+        for g in range(s.groups):
+            torch._scaled_mm(x8, w[g * s.n : (g + 1) * s.n].t(), one, one, out_dtype=torch.bfloat16)
+
+    return _time_calls(call, len(weights))
+
+
+def _bound(s: Shape, x: torch.Tensor, w: tuple, ref: torch.Tensor) -> torch.Tensor:
+    """Twice the GPU test's bound (test_linear.py) around `ref`: two results each within it of the exact
+    one differ by at most this much."""
+    xf, wf = rules_core.linear_operands(_params(s), x, *w)
+    if s.groups > 1:
+        abs_sum = torch.einsum("tgk,gnk->tgn", xf.abs(), wf.reshape(s.groups, s.n, s.k).abs())
+    else:
+        abs_sum = xf.abs() @ wf.abs().t()
+    acc = (2.0**-10 if s.act == "fp8" else 2.0**-16) + 2 * s.k * 2.0**-24
+    return 2 * (acc * abs_sum + torch.finfo(ref.dtype).eps * ref.float().abs())
+
+
+def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
+    wbytes = s.groups * s.n * s.k * (2 if s.act == "dense" else 1)
+    copies = max(1, min(MAX_COPIES, -(-PASS_L2_BYTES // wbytes)))
+    x, weights = _inputs(s, m, copies)
+    flops = 2 * m * s.groups * s.n * s.k
+    row: dict[str, Any] = {"shape": s.name, "m": m, "n": s.n, "k": s.k, "groups": s.groups, "act": s.act}
+    row |= {"out": s.out, "weight_bytes": wbytes, "copies": copies, "configs": []}
+    current = _call(s, x, weights[0], lin.HOPPER_TILES)
+    bound = _bound(s, x, weights[0], current)
+    for tiles in _configs(s, m):
+        entry: dict[str, Any] = {"tiles": list(tiles), "table_pick": tiles == _configs(s, m)[1]}
+        try:
+            ms = _time_calls(lambda i, t=tiles: _call(s, x, weights[i], t), copies)
+            y = _call(s, x, weights[0], tiles)
+        except Exception as exc:  # a config that fails to compile or launch is reported, not fatal
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            row["configs"].append(entry)
+            continue
+        excess = float(((y.float() - current.float()).abs() - bound).max())
+        entry |= {"ms": ms, "fraction_of_copy": wbytes / (ms * 1e-3) / 1e9 / cal.copy_gbps}
+        entry |= {"tflops": flops / (ms * 1e-3) / 1e12}
+        entry |= {"fraction_of_fp8_gemm": entry["tflops"] / cal.fp8_gemm_tflops}
+        entry |= {"bit_equal": bool(torch.equal(y, current)), "within_tol": excess <= 0, "tol_excess": excess}
+        row["configs"].append(entry)
+    try:
+        ref = _reference_ms(s, x, weights)
+        row |= {
+            "reference_ms": ref,
+            "reference_fraction_of_copy": wbytes / (ref * 1e-3) / 1e9 / cal.copy_gbps,
+        }
+    except Exception as exc:
+        row["reference"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per M: one layer's linear time (Shape.per_layer weights) with HOPPER_TILES, with the table's pick,
+    and with the best timed config per shape; and per config of M's class, the layer time where timed."""
+    weight = {s.name: s.per_layer for s in SHAPES}
+    out: dict[str, Any] = {}
+    for m in sorted({r["m"] for r in rows}):
+        sums: dict[str, float] = {"current": 0.0, "table": 0.0, "best": 0.0}
+        per_config: dict[str, float] = {}
+        for r in (r for r in rows if r["m"] == m and weight.get(r["shape"], 0) > 0):
+            ok = [c for c in r["configs"] if "ms" in c]
+            if not ok:
+                continue
+            f = weight[r["shape"]]
+            sums["current"] += f * ok[0]["ms"]
+            sums["table"] += f * next((c["ms"] for c in ok if c["table_pick"]), ok[0]["ms"])
+            sums["best"] += f * min(c["ms"] for c in ok)
+            for c in ok:
+                key = str(tuple(c["tiles"][:5])) + (" prequant" if c["tiles"][5] else "")
+                per_config[key] = per_config.get(key, 0.0) + f * c["ms"]
+        out[str(m)] = {
+            "layer_ms": sums,
+            "layer_ms_by_config": dict(sorted(per_config.items(), key=lambda kv: kv[1])),
+        }
+    return out
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    ref = f"ref {r['reference_ms']:.4f} ms" if "reference_ms" in r else r.get("reference", "")
+    print(f"{r['shape']:>22} m={r['m']:<6} n={r['n']} k={r['k']} g={r['groups']} ({ref})", flush=True)
+    for c in r["configs"]:
+        if "error" in c:
+            print(f"    {c['tiles']}: {c['error']}", flush=True)
+            continue
+        flag = (
+            "" if c["bit_equal"] else (" DIFFERS (within tol)" if c["within_tol"] else " DIFFERS BEYOND TOL")
+        )
+        pick = " *" if c["table_pick"] else ""
+        print(
+            f"    {str(c['tiles']):<34}{c['ms']:9.4f} ms  {c['fraction_of_copy']:6.1%} copy  "
+            f"{c['tflops']:7.1f} TF/s {c['fraction_of_fp8_gemm']:6.1%}{pick}{flag}",
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--ms", type=str, default="", help="comma-separated row counts (default: each shape's)")
+    ap.add_argument("--shapes", type=str, default="", help="comma-separated name substrings")
+    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    args = ap.parse_args(argv)
+    from dsgraph.tools.bench.calibrate import calibrate
+
+    wanted = [w for w in args.shapes.split(",") if w]
+    shapes = [s for s in SHAPES if not wanted or any(w in s.name for w in wanted)]
+    if args.ms:
+        ms = tuple(int(v) for v in args.ms.split(","))
+        shapes = [replace(s, ms=ms) for s in shapes]
+    start = time.time()
+    errors = precompile(shapes, args.workers)
+    compiled_s = time.time() - start
+    cal = calibrate()
+    rates = f"copy {cal.copy_gbps:.0f} GB/s, fp8 GEMM {cal.fp8_gemm_tflops:.0f} TF/s"
+    print(f"compiled in {compiled_s:.1f} s ({len(errors)} failures); {rates}", flush=True)
+    rows = []
+    for s in shapes:
+        for m in s.ms:
+            rows.append(sweep_shape(s, m, cal))
+            _print_row(rows[-1])
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "calibration": cal.as_dict(),
+        "tile_table": [[b, list(t)] for b, t in lin.TILE_TABLE],
+        "current": list(lin.HOPPER_TILES),
+        "compile_errors": errors,
+        "compile_s": compiled_s,
+        "total_s": time.time() - start,
+        "rows": rows,
+        "summary": summary(rows),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "linear_sweep.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result["summary"], indent=1))
+    print(f"total {result['total_s']:.1f} s; wrote {args.out / 'linear_sweep.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
