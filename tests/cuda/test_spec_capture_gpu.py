@@ -51,7 +51,9 @@ def test_captured_drafting_keeps_greedy_tokens(tmp_path_factory: pytest.TempPath
     passes, captures = llm.engine.spec_stats()["draft_passes"], drafter.draft_captures  # type: ignore[index]
     assert passes > captures  # replays, not only captures
     assert _tokens(llm) == plain
-    assert drafter.draft_captures == captures  # every bucket was seen by the first run
+    # no bucket is captured twice (which buckets draft depends on the planner's measured times, so the
+    # second run may meet a new one)
+    assert drafter.draft_captures == len(drafter.captured) >= captures
 
 
 @pytest.mark.gpu
