@@ -284,15 +284,14 @@ class Engine:
         inputs taken from the previous step's device samples (overlapped scheduling)."""
         inputs = model_inputs(plan)
         rows, meta = self._prompt_rows(plan)
-        run = self.session.run if fix is None else lambda step: self.session.run(step, fix)
         if not rows:
-            return run(inputs)
+            return self.session.run(inputs, fix)
         n = len(plan.sample_rows)
         inputs = {
             **inputs,
             "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
         }
-        logits = run(inputs)
+        logits = self.session.run(inputs, fix)
         logprobs = torch.log_softmax(logits[n:].double(), -1)
         for i, (rid, pos) in enumerate(meta):
             live = self.live[rid]

@@ -45,15 +45,18 @@ class InputFix:
 
 
 def fix_inputs(
-    inputs: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor], prev_tokens: torch.Tensor
+    inputs: Mapping[str, torch.Tensor],
+    sources: Mapping[str, torch.Tensor | np.ndarray],
+    prev_tokens: torch.Tensor,
 ) -> None:
     """In place: inputs[name][i] = prev_tokens[sources[name][i]] where sources[name][i] >= 0, for every
-    name of `sources` (tensors on the inputs' device; sources may be longer than the real rows and padded
-    with -1)."""
+    name of `sources` (tensors, staged on the inputs' device, or host arrays, copied there; padded with
+    -1 to the inputs' shapes)."""
     if prev_tokens.numel() == 0:
         return
-    for name, src in sources.items():
+    for name, source in sources.items():
         target = inputs[name]
+        src = torch.as_tensor(source, device=target.device)
         if src.shape != target.shape:
             raise ValueError(
                 f"fix_inputs: {name} source shape {list(src.shape)}, expected {list(target.shape)}"

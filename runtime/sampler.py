@@ -124,8 +124,12 @@ class Sampler:
         return _to_host(s) if to_host else s
 
 
+def _tensors(s: Samples) -> tuple[torch.Tensor, ...]:
+    return (s.tokens, s.logprobs, s.top_logprobs, s.top_ids)
+
+
 def _to_host(s: Samples) -> Samples:
-    return Samples(s.tokens.cpu(), s.logprobs.cpu(), s.top_logprobs.cpu(), s.top_ids.cpu())
+    return Samples(*(t.cpu() for t in _tensors(s)))
 
 
 @dataclass(frozen=True)
@@ -155,14 +159,8 @@ class SampleCopies:
             return PendingSamples(_to_host(s), None)
         n = s.tokens.shape[0]
         buffers = self._buffers(s)
-        host = Samples(
-            *(b[:n] for b in (buffers.tokens, buffers.logprobs, buffers.top_logprobs, buffers.top_ids))
-        )
-        for dst, src in zip(
-            (host.tokens, host.logprobs, host.top_logprobs, host.top_ids),
-            (s.tokens, s.logprobs, s.top_logprobs, s.top_ids),
-            strict=True,
-        ):
+        host = Samples(*(b[:n] for b in _tensors(buffers)))
+        for dst, src in zip(_tensors(host), _tensors(s), strict=True):
             dst.copy_(src, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
@@ -179,10 +177,7 @@ class SampleCopies:
         ):
             rows = max(s.tokens.shape[0], 0 if have is None else have.tokens.shape[0])
             have = Samples(
-                *(
-                    torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=True)
-                    for t in (s.tokens, s.logprobs, s.top_logprobs, s.top_ids)
-                )
+                *(torch.empty((rows, *t.shape[1:]), dtype=t.dtype, pin_memory=True) for t in _tensors(s))
             )
             self._sets[i] = have
         return have

@@ -155,8 +155,7 @@ class Session:
             k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in step.items()
         }
         if fix is not None:
-            sources = {k: torch.from_numpy(np.array(v, dtype=np.int32)) for k, v in fix.sources.items()}
-            fix_inputs(tensors, sources, fix.prev_tokens)
+            fix_inputs(tensors, fix.sources, fix.prev_tokens)
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
         out = run_program(self._program(self._sizes(tensors)), args)
@@ -210,8 +209,7 @@ class Session:
         if not self.capture:
             args = self.eager_args(d.padded)
             if fix is not None:
-                on_device = {k: torch.from_numpy(v).to(self.device) for k, v in sources.items()}
-                fix_inputs({k: args[f"step.{k}"] for k in sources}, on_device, fix.prev_tokens)
+                fix_inputs({k: args[f"step.{k}"] for k in sources}, sources, fix.prev_tokens)
             out = d.program.run(args)
         else:
             captured = self._captured(d)

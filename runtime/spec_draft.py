@@ -72,7 +72,10 @@ class DraftRunner:
             raise ValueError("DraftRunner: the session's model was built without dspark=True")
         self.session, self.text = session, model.cfg.text
         draft = {k: v for k, v in weights.items() if is_draft_weight(k)}
-        self.weights = {f"weights.{k}": v.to(session.device) for k, v in draft.items()}
+        # the weights both graphs read (embedding, head, shared stage weights) are the session's device
+        # copies, not second ones
+        held, device = session.weights, session.device
+        self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
         self.graph: Graph = trace_draft(model, weight_types(draft, backbone_only=False), stream=stream)
         self.programs: dict[int, Program] = {}
         self.device_programs: dict[int, Any] = {}

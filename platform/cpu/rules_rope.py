@@ -29,11 +29,12 @@ def rope_frequencies(p: Any, device: torch.device | None = None) -> Tensor:
     near 1M turn into angles off by 0.1 rad. Tables on a device are kept per (params, device), filled
     by the eager run that precedes every CUDA-graph capture. Under a fake-tensor probe the table is
     made afresh and not kept: a kept fake table would break every later real run."""
+    where = device if device is not None else "cpu"
     if detect_fake_mode() is not None:  # a capture probe (platform/cuda/capture.py): keep no fake table
-        return _host_frequencies(p).to(device if device is not None else "cpu")
-    key = (p, str(device if device is not None else "cpu"))
+        return _host_frequencies(p).to(where)
+    key = (p, str(where))
     if key not in _TABLES:
-        _TABLES[key] = _host_frequencies(p).to(device if device is not None else "cpu")
+        _TABLES[key] = _host_frequencies(p).to(where)
     return _TABLES[key]
 
 

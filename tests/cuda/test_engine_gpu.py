@@ -63,7 +63,7 @@ def test_cuda_deterministic_drafting_keeps_seeded_tokens(
     """Deterministic mode on the GPU: seeded tokens equal a non-drafting GPU run at batch 1, 7 and 32,
     with confidence scheduling on and drafts accepted at every length (the hook feeds the reference
     continuation with one draft made wrong, at a place that moves every call)."""
-    from tests.e2e.test_spec_decode import PARAMS, hook_reference
+    from tests.e2e.test_spec_decode import CURVE, PARAMS, hook_reference
     from tests.e2e.test_spec_decode import PROMPTS as DET_PROMPTS
 
     model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
@@ -77,7 +77,7 @@ def test_cuda_deterministic_drafting_keeps_seeded_tokens(
         deterministic=True,
         draft_pause=False,
         max_num_seqs=batch,
-        throughput_curve=((1, 8, 32, 64, 128, 256), (10.0, 10.2, 10.5, 20.0, 40.0, 80.0)),
+        throughput_curve=CURVE,
         **kw,
     )
     hook_reference(det, reference)

@@ -178,24 +178,10 @@ def _compact_experts(ws: tuple, ids: torch.Tensor) -> tuple[tuple, torch.Tensor]
 @pytest.mark.parametrize("rows", [1, 3])
 def test_moe_experts_real_widths_on_gpu(rows: int, variant: str) -> None:
     """V4.1's 384 experts of 2304 x 5120, top-6, random packed weights made on the GPU."""
-    hidden, inter, num_experts, k = 5120, 2304, 384, 6
-    gen = torch.Generator(device="cuda").manual_seed(rows)
+    from dsgraph.tools.bench.moe_sweep import EXPERTS, HIDDEN, TOPK, random_experts
 
-    def packed(*shape: int) -> torch.Tensor:
-        return torch.randint(-128, 128, shape, dtype=torch.int8, device="cuda", generator=gen)
-
-    def scales(*shape: int) -> torch.Tensor:
-        e = torch.randint(118, 123, shape, dtype=torch.uint8, device="cuda", generator=gen)
-        return e.view(torch.float8_e8m0fnu)
-
-    ws = (
-        packed(num_experts, inter, hidden // 2),
-        packed(num_experts, inter, hidden // 2),
-        packed(num_experts, hidden, inter // 2),
-        scales(num_experts, inter, hidden // 32),
-        scales(num_experts, inter, hidden // 32),
-        scales(num_experts, hidden, inter // 32),
-    )
+    hidden, num_experts, k = HIDDEN, EXPERTS, TOPK
+    ws = random_experts(torch.Generator(device="cuda").manual_seed(rows))  # the sweep's, on the device
     cpu_gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, hidden, generator=cpu_gen).to(torch.bfloat16)
     ids, weights = _routing(rows, num_experts, k, cpu_gen)

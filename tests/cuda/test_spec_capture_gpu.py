@@ -22,19 +22,16 @@ from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches
 from dsgraph.tools.bench.steps import pages_for
 from dsgraph.tools.bench.weights_gpu import random_serving_weights
+from tests.cuda.test_engine_gpu import _tokens as engine_tokens
 from tests.oracle import model_fixtures as fx
 from tests.runtime.test_spec_draft_capture import CONTEXT, SLOTS, assert_same, requests
 
-PROMPTS = [fx.prompt(700 + i, n) for i, n in enumerate([3, 17, 5, 30, 9])]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 CURVE = ((8, 64, 256), (1.0, 1.2, 2.0))
 
 
 def _tokens(llm: LLM) -> list[tuple[int, ...]]:
-    outs = llm.generate(PROMPTS, GREEDY)
-    errors = [(i, o.error) for i, o in enumerate(outs) if o.error is not None]
-    assert not errors, f"requests failed inside the engine: {errors}"
-    return [o.outputs[0].token_ids for o in outs]
+    return engine_tokens(llm, GREEDY)  # test_engine_gpu's prompts; no request may fail
 
 
 @pytest.mark.gpu

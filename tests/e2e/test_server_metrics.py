@@ -36,7 +36,7 @@ class Gate:
         self._open.set()
         engine.session.run = self  # type: ignore[method-assign]
 
-    def __call__(self, inputs: Any) -> Any:
+    def __call__(self, inputs: Any, fix: Any = None) -> Any:
         if self._fail:
             self._fail = False
             raise RuntimeError("model step failed (test)")
@@ -45,7 +45,7 @@ class Gate:
                 assert self._open.wait(20), "the gate was never released"
             else:
                 self._left -= 1
-        return self._run(inputs)
+        return self._run(inputs, fix)
 
     def hold(self, steps: int) -> None:
         self._left = steps

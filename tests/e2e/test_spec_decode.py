@@ -15,13 +15,13 @@ from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.tools.cli import main
 from tests.oracle import model_fixtures as fx
+from tests.runtime.test_spec_engine import CURVE  # flat up to 32 rows: confident drafts are verified
 
 PROMPTS = [fx.prompt(900 + i, 1 + (7 * i) % 19) for i in range(32)]
 PARAMS = [
     SamplingParams(temperature=1.0, top_p=0.9 if i % 2 else 1.0, seed=100 + i, max_tokens=7, ignore_eos=True)
     for i in range(32)
 ]
-CURVE = ((1, 8, 32, 64, 128, 256), (10.0, 10.2, 10.5, 20.0, 40.0, 80.0))
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,34 @@ def _qdq_columns(act, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
+def _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
+    """The activation tile [BLOCK_K, BLOCK_T]: columns k0 .. k0 + BLOCK_K of rows a_rows (zeros past the
+    rows or K), FP32 when WIDE."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[None, :] * a_stride + cols[:, None]
+    if EVEN:
+        a = tl.load(a_ptrs, mask=row_mask[None, :], other=0.0)
+    else:
+        a = tl.load(a_ptrs, mask=row_mask[None, :] & (cols[:, None] < K_SIZE), other=0.0)
+    if WIDE:
+        a = a.to(tl.float32)
+    return a
+
+
+@triton.jit
+def _gated(g, acc_v, route, limit, GEMM_DTYPE: tl.constexpr, QDQ_OUT: tl.constexpr, BLOCK_W: tl.constexpr,
+           BLOCK_T: tl.constexpr):  # fmt: skip
+    """The gated epilogue: w1 output g (rounded to gemm_out) and w3 accumulator -> the clamped SwiGLU
+    times the routing weight, FP8-g32 qdq'd along the weight rows when QDQ_OUT (the w2 input)."""
+    v = tl.minimum(tl.maximum(round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32), -limit), limit)
+    out = silu_f32(tl.minimum(g, limit)) * v * route[None, :]
+    if QDQ_OUT:
+        out = _qdq_columns(out, BLOCK_W, BLOCK_T)
+    return out
+
+
+@triton.jit
 def swap_gemm_kernel(
     a_ptr,
     a_rows_ptr,
@@ -129,14 +157,7 @@ def swap_gemm_kernel(
         if GATED:
             vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN)
         for k0 in range(0, K_SIZE, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            a_ptrs = a_ptr + a_rows[None, :] * a_stride + cols[:, None]
-            if EVEN:
-                a = tl.load(a_ptrs, mask=row_mask[None, :], other=0.0)
-            else:
-                a = tl.load(a_ptrs, mask=row_mask[None, :] & (cols[:, None] < K_SIZE), other=0.0)
-            if WIDE:
-                a = a.to(tl.float32)
+            a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
             # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
             k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
             w = _dequantize(wb, ws, BLOCK_W, BLOCK_K, WIDE)
@@ -148,12 +169,8 @@ def swap_gemm_kernel(
                 acc_v = tl.dot(v, a, acc_v, input_precision="ieee", out_dtype=tl.float32)
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
-            g = tl.minimum(out, limit)
-            v = tl.minimum(tl.maximum(round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32), -limit), limit)
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
-            out = silu_f32(g) * v * route[None, :]
-            if QDQ_OUT:
-                out = _qdq_columns(out, BLOCK_W, BLOCK_T)
+            out = _gated(out, acc_v, route, limit, GEMM_DTYPE, QDQ_OUT, BLOCK_W, BLOCK_T)
         out_ptrs = out_ptr + rows[None, :].to(tl.int64) * N_SIZE + n[:, None]
         tl.store(
             out_ptrs, round_f32_to(out, out_ptr.dtype.element_ty), mask=row_mask[None, :] & n_mask[:, None]
