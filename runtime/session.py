@@ -7,7 +7,10 @@ cuda platform weights and caches live on the device, cache writes are in place, 
 (tokens, seqs, outs) is padded to a power of two (`runtime/step_padding.py`), so at most
 log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist; each bucket's program is captured into
 CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.py`), or with
-`capture=False` run eagerly on the same padded shapes (debugging).
+`capture=False` run eagerly on the same padded shapes (debugging). Buckets of more than
+`capture_max_tokens` tokens (long prefill chunks) always run eagerly: a captured graph keeps its
+activations' memory for the session's life (46 GB at a 64k chunk of the full-width bench model), and at
+that size the per-kernel launch cost is a vanishing part of the step.
 
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
 the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
@@ -88,6 +91,9 @@ class DeviceStep(NamedTuple):
     outs: int  # the real number of sampled rows
 
 
+CAPTURE_MAX_TOKENS = 16384  # the largest bucket (query tokens) that is captured; beyond it steps run eagerly
+
+
 class Session:
     def __init__(
         self,
@@ -99,6 +105,7 @@ class Session:
         platform: str | Platform = "cpu",
         device: torch.device | str | None = None,
         capture: bool = True,
+        capture_max_tokens: int = CAPTURE_MAX_TOKENS,
         host_min_bytes: int = HOST_MIN_BYTES,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
@@ -107,7 +114,10 @@ class Session:
         name = platform if isinstance(platform, str) else platform.name
         if name not in ("cpu", "cuda"):
             raise ValueError(f"Session: platform {name!r}, expected 'cpu' or 'cuda'")
+        if capture_max_tokens < 1:
+            raise ValueError(f"Session: capture_max_tokens is {capture_max_tokens}, expected >= 1")
         self.model, self.platform, self.capture = model, platform, capture
+        self.capture_max_tokens = capture_max_tokens
         self.on_device = name == "cuda"
         self.device = resolve_device(device if device is not None else name)
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
@@ -206,7 +216,7 @@ class Session:
     def _run_device(self, step: Mapping[str, Array], fix: InputFix | None = None) -> torch.Tensor:
         d = self.device_step(step)
         sources = padded_sources(fix, {k: d.padded[k].shape for k in FIXED_INPUTS})
-        if not self.capture:
+        if not self.capture or dict(d.key)["tokens"] > self.capture_max_tokens:
             args = self.eager_args(d.padded)
             if fix is not None:
                 fix_inputs({k: args[f"step.{k}"] for k in sources}, sources, fix.prev_tokens)

@@ -274,6 +274,8 @@ class CapturedStep:
                 self.program.run(args, check=False)
         if side is not None:
             torch.cuda.current_stream(device).wait_stream(side)
+            # the warm-up's blocks are cached in the default pool, which the graph's pool cannot use
+            torch.cuda.empty_cache()
 
     @property
     def num_graphs(self) -> int:

@@ -107,10 +107,12 @@ def device_view(host: Tensor, device: torch.device) -> Tensor:
             f"device_view: the host tensor {list(host.shape)} {host.dtype} must be pinned and contiguous "
             f"(pinned {host.is_pinned()}, contiguous {host.is_contiguous()})"
         )
+    device = torch.device(device)
     if host.numel() == 0:
         return torch.empty(host.shape, dtype=host.dtype, device=device)
     raw = torch.as_tensor(_HostPages(host), device=device)
-    if raw.device != device or raw.data_ptr() != host.data_ptr():
+    same_device = raw.device.type == "cuda" and device.index in (None, raw.device.index)
+    if not same_device or raw.data_ptr() != host.data_ptr():
         raise RuntimeError(
             f"device_view: the alias of host memory at {host.data_ptr():#x} came back on {raw.device} at "
             f"{raw.data_ptr():#x}, expected {device} at the same address (UVA)"

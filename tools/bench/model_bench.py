@@ -111,9 +111,13 @@ def _case(fn: Callable[[], dict[str, Any]], deadline: float) -> dict[str, Any]:
 
 
 def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal: Calibration) -> dict:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     session = session_for(model, weights, 1, chunk)
     step = prefill_step(model, chunk)
-    ms = time_ms(lambda: session.run(step), warmup=2, repeats=5)
+    big = chunk > session.capture_max_tokens  # eager, seconds per step: fewer repeats
+    ms = time_ms(lambda: session.run(step), warmup=1 if big else 2, repeats=2 if big else 5)
+    peak = torch.cuda.max_memory_allocated() if session.device.type == "cuda" else 0
     profile = op_profile(session, step) if chunk == 4096 else None
     kernels = _captured_kernels(session, step) if chunk == 4096 else None
     flops = 2 * chunk * active_weight_elements(model)
@@ -124,6 +128,7 @@ def prefill_case(model: V41Model, weights: Mapping[str, Tensor], chunk: int, cal
         "gemm_tflops": flops / (ms * 1e-3) / 1e12,
         "fraction_of_fp8_gemm": flops / (ms * 1e-3) / 1e12 / cal.fp8_gemm_tflops,
         "captures": session.captures,
+        "peak_allocated_gb": peak / 1e9,
         **({"profile": profile} if profile else {}),
         **({"captured_kernels": kernels} if kernels else {}),
     }
