@@ -56,6 +56,16 @@ def _descending_order(scores: Tensor) -> Tensor:
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices
 
 
+def _newest(visible: Tensor) -> Tensor:
+    """Per row, the largest index of a visible entry, or -1 (argmax gives the first of equal maxima; no
+    [rows, E] int64 temporary: 34 GB at a 64k-token chunk)."""
+    rows, width = visible.shape
+    if width == 0:
+        return torch.full((rows,), -1, dtype=torch.long, device=visible.device)
+    last = width - 1 - visible.flip(1).to(torch.uint8).argmax(dim=1)
+    return torch.where(visible.any(dim=1), last, -1)
+
+
 def candidate_block_scores(p: Any, scores: Tensor) -> tuple[Tensor, Tensor]:
     """(block scores [rows, blocks] with the newest visible entry's block forced to +inf, visible
     entries [rows, E]): what candidate_mask selects its top blocks from (shared with the cuda rule)."""
@@ -64,12 +74,7 @@ def candidate_block_scores(p: Any, scores: Tensor) -> tuple[Tensor, Tensor]:
     num_blocks = -(-width // p.block_size)
     padded = F.pad(scores, (0, num_blocks * p.block_size - width), value=NEG_INF)
     block_scores = padded.unflatten(1, (num_blocks, p.block_size)).amax(dim=-1)
-    entry = torch.arange(width, device=scores.device)
-    newest = (
-        torch.where(visible, entry, -1).amax(dim=1)
-        if width
-        else torch.full((rows,), -1, device=scores.device)
-    )
+    newest = _newest(visible)
     newest_block = torch.div(newest, p.block_size, rounding_mode="floor")
     block_ids = torch.arange(num_blocks, device=scores.device)
     forced = (block_ids.unsqueeze(0) == newest_block.unsqueeze(1)) & (newest >= 0).unsqueeze(1)

@@ -154,3 +154,21 @@ def test_the_cuda_platform_runs_these_rules() -> None:
 
     for op in ("index_scores", "candidate_mask", "topk_select"):
         assert PLATFORM.rules[op] is indexer.RULES[op], op
+
+
+def test_row_blocks_give_the_unblocked_rules_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """candidate_mask and topk_select cut long steps into blocks of ROW_BLOCK rows (memory at 64k-token
+    chunks): a last block shorter than the others included, the same results as the cpu rules."""
+    monkeypatch.setattr(indexer, "ROW_BLOCK", 3)
+    scores = _tied_scores(8, 40, 3, seed=11)
+    p = SimpleNamespace(block_size=4, topk_blocks=3, k=7)
+    assert torch.equal(indexer.topk_select(p, scores.to(DEVICE)).cpu(), cpu.topk_select(p, scores))
+    assert torch.equal(indexer.candidate_mask(p, scores.to(DEVICE)).cpu(), cpu.candidate_mask(p, scores))
+
+
+def test_newest_visible_entry_per_row() -> None:
+    from dsgraph.platform.cpu.rules_attention import _newest
+
+    visible = torch.tensor([[1, 0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    assert _newest(visible).tolist() == [2, -1, 3, 0]
+    assert _newest(torch.zeros(2, 0, dtype=torch.bool)).tolist() == [-1, -1]

@@ -5,6 +5,7 @@ own; a case that fails or does not fit records its error and the rest go on."""
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -167,10 +168,12 @@ def _captured_kernels(session: Session, step: Mapping[str, Any]) -> dict[str, An
 def prefill_cases(
     model: V41Model, weights: Mapping[str, Tensor], plan: Plan, cal: Calibration, deadline: float
 ) -> list:
-    return [
-        {"chunk": c, **_case(partial(prefill_case, model, weights, c, cal), deadline)}
-        for c in plan.prefill_chunks
-    ]
+    rows = []
+    for c in plan.prefill_chunks:
+        rows.append({"chunk": c, **_case(partial(prefill_case, model, weights, c, cal), deadline)})
+        gc.collect()  # the case's session and its captured graphs' pool, before the next chunk's
+        torch.cuda.empty_cache()
+    return rows
 
 
 def _decode_context(

@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +57,22 @@ def environment() -> dict[str, Any]:
     }
 
 
-def model_part(plan: Plan, cal: Any, weights: dict, deadline: float) -> dict[str, Any]:
+def model_part(
+    plan: Plan, cal: Any, weights: dict, deadline: float, save: Callable[[dict[str, Any]], object]
+) -> dict[str, Any]:
+    """The model cases; `save(partial result)` after each group of them."""
     cfg = bench_config()
+    out: dict[str, Any] = {}
     prefill_model = make_model(cfg, max(plan.prefill_chunks) + 64)
-    out: dict[str, Any] = {
-        "prefill": prefill_cases(prefill_model, weights, plan, cal, deadline),
-        "decode": decode_cases(cfg, weights, plan, cal, deadline),
-    }
+    out["prefill"] = prefill_cases(prefill_model, weights, plan, cal, deadline)
+    save(out)
+    out["decode"] = decode_cases(cfg, weights, plan, cal, deadline)
+    save(out)
     wider_cfg = bench_config(extra_reuse=2)
     wider = alias_layers(weights, layer_map(cfg, wider_cfg))
     short = replace(plan, decode_contexts=plan.decode_contexts[:1])
     out["wider_decode"] = decode_cases(wider_cfg, wider, short, cal, deadline)
+    save(out)
     out["wider_prefill"] = prefill_cases(
         make_model(wider_cfg, max(plan.prefill_chunks) + 64), wider, plan, cal, deadline
     )
@@ -86,18 +93,31 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
     if "kernels" in parts:
         result["kernels"] = kernel_cases(cal)
         print(json.dumps(result["kernels"]), flush=True)
+        _write(out_dir, result)
     if "model" in parts or "spec" in parts:
         cfg = bench_config()
         weights = random_serving_weights(cfg, synthetic_token_map(cfg), dspark="spec" in parts)
         # the model part first: it alone is held to the time budget, which the spec part would spend
         if "model" in parts:
-            result["model"] = model_part(plan, cal, weights, start + plan.budget_s)
+            save = partial(_save_part, out_dir, result, "model")
+            result["model"] = model_part(plan, cal, weights, start + plan.budget_s, save)
+            _write(out_dir, result)
         if "spec" in parts:
             result["spec"] = {
                 "doc": spec_bench.__doc__,
                 "cases": spec_bench.spec_cases(cfg, weights, (1, 16, 64)),
             }
             print(json.dumps(result["spec"]["cases"]), flush=True)
+    return _write(out_dir, result)
+
+
+def _save_part(out_dir: Path, result: dict[str, Any], name: str, part: dict[str, Any]) -> None:
+    _write(out_dir, {**result, name: part})
+
+
+def _write(out_dir: Path, result: dict[str, Any]) -> Path:
+    """The result so far, at its final path (rewritten after each part: a run stopped by a time limit
+    keeps what it measured)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = result["env"]["gpu"].replace(" ", "-")
     tag = "".join(c if c.isalnum() else "-" for c in result["env"]["commit"][:12])

@@ -24,6 +24,7 @@ from dsgraph.platform.cuda.kernels.attention import dot_kind, runs_kernels, shou
 
 BLOCK_E = 64  # entries per program
 NUM_WARPS = 4
+ROW_BLOCK = 4096  # rows per piece of candidate_mask and topk_select (bounds their temporaries)
 NEG_INF = float("-inf")
 
 
@@ -83,7 +84,21 @@ def k_largest(scores: Tensor, k: int) -> Tensor:
     return (above | (tied & (tied.cumsum(dim=1) <= room))) & (scores > NEG_INF)
 
 
-def topk_select(p: Any, scores: Tensor) -> Tensor:
+def _by_row_blocks(rule: Any) -> Any:
+    """`rule(p, scores)` applied to blocks of ROW_BLOCK rows (each row is computed on its own, so the
+    result is the same): its temporaries ([rows, E] int64 cumsums, masks) stay a few GB at a 64k-token
+    chunk instead of tens."""
+
+    def blocked(p: Any, scores: Tensor) -> Tensor:
+        if scores.shape[0] <= ROW_BLOCK:
+            return rule(p, scores)
+        return torch.cat([rule(p, part) for part in scores.split(ROW_BLOCK)])
+
+    blocked.__doc__, blocked.__name__ = rule.__doc__, rule.__name__
+    return blocked
+
+
+def _topk_select(p: Any, scores: Tensor) -> Tensor:
     rows, width = scores.shape
     chosen = k_largest(scores, p.k)
     # Chosen entries in ascending order: entry g goes to place (number chosen before it); the others are
@@ -94,12 +109,15 @@ def topk_select(p: Any, scores: Tensor) -> Tensor:
     return out.scatter_(1, place, entry)[:, : p.k]
 
 
-def candidate_mask(p: Any, scores: Tensor) -> Tensor:
+def _candidate_mask(p: Any, scores: Tensor) -> Tensor:
     """The cpu rule's block scores; the top blocks by `k_largest` instead of a sort."""
     block_scores, visible = candidate_block_scores(p, scores)
     keep = k_largest(block_scores, p.topk_blocks)
     return keep.repeat_interleave(p.block_size, dim=1)[:, : scores.shape[1]] & visible
 
+
+topk_select = _by_row_blocks(_topk_select)
+candidate_mask = _by_row_blocks(_candidate_mask)
 
 RULES: dict[str, Any] = {
     "index_scores": index_scores,
