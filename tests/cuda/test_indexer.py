@@ -76,6 +76,21 @@ def test_index_scores_match_the_cpu_rule(ratio: int, dtype: torch.dtype) -> None
     assert bool((want[-1] == NEG_INF).all()) and bool((want[0] > NEG_INF).any())
 
 
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_index_scores_skip_entry_blocks_past_the_causal_limit(ratio: int) -> None:
+    """A table of 160 entries (three programs of 64 per row): rows whose limit ends inside the first,
+    second or last block of entries, and one before any entry; skipped blocks are -inf like the rule's."""
+    positions, seq_ids = [0, 3, 70, 150, 159, 129], [0, 0, 1, 1, 1, 0]
+    args = _index_step(
+        positions, seq_ids, heads=4, width=32, block_size=4, table_width=40, dtype=torch.bfloat16, seed=4
+    )
+    p = SimpleNamespace(ratio=ratio)
+    want = cpu.index_scores(p, *args)
+    _assert_scores(indexer.index_scores(p, *on_device(args)), want, _abs_sum(args))
+    assert bool((want[:2, 64:] == NEG_INF).all())  # rows whose later programs are skipped
+    assert bool((want[4, 128:] > NEG_INF).any()) == (ratio == 1)  # the last block seen at ratio 1
+
+
 def test_index_scores_of_a_row_are_the_same_bits_alone_and_in_a_batch() -> None:
     positions, seq_ids = [7, 8, 30, 2, 3, 4, 11], [0, 0, 1, 2, 2, 2, 3]
     args = _index_step(

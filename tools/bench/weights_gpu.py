@@ -16,6 +16,7 @@ from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
 from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
+from dsgraph.models.deepseek_v41.weights import release_dtype
 from dsgraph.platform.cuda import placement
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
@@ -27,7 +28,10 @@ Stored = tuple[Tensor, Tensor | None]  # a weight and its scale (None for plain 
 def _stored(cfg: ModelConfig, name: str, spec: TensorSpec, gen: torch.Generator) -> Stored:
     w = sample_weight(name, spec.logical_shape, gen)
     if spec.kind is TensorKind.PLAIN:
-        return w.to(torch_dtype(spec.dtype)), None
+        t = w.to(torch_dtype(spec.dtype))
+        if name == "head.weight":  # the release's values (BF16: numerics section 9), held in BF16
+            t = release_dtype(name, t.to(torch.bfloat16).float())
+        return t, None
     block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
     return quantize_tensor(spec, w, block)
 
@@ -102,11 +106,13 @@ def meta_serving_weights(cfg: ModelConfig, *, dspark: bool = False) -> dict[str,
     the traffic model needs to re-derive bytes from a saved run."""
     specs = expected_tensors(cfg)
 
-    def empty(spec: TensorSpec) -> Tensor:
-        return torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device="meta")
+    def empty(spec: TensorSpec, dtype: torch.dtype | None = None) -> Tensor:
+        return torch.empty(spec.shape, dtype=dtype or torch_dtype(spec.dtype), device="meta")
 
     def make(name: str, spec: TensorSpec) -> Stored:
-        return empty(spec), None if spec.kind is TensorKind.PLAIN else empty(specs[scale_name(name)])
+        if spec.kind is TensorKind.PLAIN:  # the head in BF16, as random_serving_weights holds it
+            return empty(spec, torch.bfloat16 if name == "head.weight" else None), None
+        return empty(spec), empty(specs[scale_name(name)])
 
     out = _serving_layout(cfg, make, dspark=dspark)
     out["engram.token_map"] = torch.empty(cfg.text.vocab_size, dtype=torch.int32, device="meta")

@@ -49,16 +49,46 @@ def index_scores_kernel(
     t = tl.program_id(0)
     num_entries = table_width * block_size
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    seq = tl.load(seq_ptr + t)
+    p = tl.load(pos_ptr + t)
+    # A block of entries all past the row's causal limit (most of a long table in an early chunk) is
+    # -inf without reading keys: the same values as computing it, at a store's cost.
+    if (seq >= 0) & (tl.program_id(1) * BLOCK_E < (p + 1) // ratio):
+        out = _scores(q_ptr, w_ptr, keys_ptr, table_ptr, t, e, seq, p, num_heads, num_blocks,
+                      block_size, table_width, ratio, HEAD_DIM, BLOCK_H, BLOCK_D, DOT)  # fmt: skip
+    else:
+        out = tl.full([BLOCK_E], float("-inf"), tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * num_entries + e, out, mask=e < num_entries)
+
+
+@triton.jit
+def _scores(
+    q_ptr,
+    w_ptr,
+    keys_ptr,
+    table_ptr,
+    t,
+    e,
+    seq,
+    p,
+    num_heads,
+    num_blocks,
+    block_size,
+    table_width,
+    ratio,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT: tl.constexpr,
+) -> tl.tensor:
+    """Scores [BLOCK_E] of entries e of row t (sequence seq >= 0, position p), -inf where not visible."""
+    num_entries = table_width * block_size
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     hmask = h < num_heads
     dmask = d < HEAD_DIM
-    seq = tl.load(seq_ptr + t)
-    real = seq >= 0
-    s = tl.maximum(seq, 0)
-    p = tl.load(pos_ptr + t)
-    inside = real & (e < num_entries)
-    block = tl.load(table_ptr + s.to(tl.int64) * table_width + e // block_size, mask=inside, other=-1)
+    inside = e < num_entries
+    block = tl.load(table_ptr + seq.to(tl.int64) * table_width + e // block_size, mask=inside, other=-1)
     # Blocks past the pool are refused by the rule's eager check; here they only read nothing.
     allocated = inside & (block >= 0) & (block < num_blocks)
     row = tl.where(allocated, block, 0).to(tl.int64) * block_size + e % block_size
@@ -71,5 +101,4 @@ def index_scores_kernel(
     dots = low_dot(q, tl.trans(keys.to(q.dtype)), DOT)  # [BLOCK_H, BLOCK_E]
     scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
     visible = allocated & (e < (p + 1) // ratio)
-    out = tl.where(visible, scores, float("-inf"))
-    tl.store(out_ptr + t.to(tl.int64) * num_entries + e, out, mask=e < num_entries)
+    return tl.where(visible, scores, float("-inf"))
