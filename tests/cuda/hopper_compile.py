@@ -284,6 +284,7 @@ def _linear(every: bool) -> None:
     table = {t for _, t in rule.TILE_TABLE}
     tiles = sorted(table | {t for c in rule.CANDIDATES.values() for t in c} if every else table)
     ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "xs_stride_m", "out_stride_m", "out_stride_g")
+    ints += ("out_stride_s",)
     sizes = {name: "i32" for name in (*ints, "s_stride")}
     # (x dtype, DOT kind, prequant): wq_a-like FP8 activations (in the GEMM or by the pass before it),
     # wo_b's f32 activations against FP8 weights (three bf16 dots).
@@ -292,6 +293,10 @@ def _linear(every: bool) -> None:
     quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m_size": "i32", "k_size": "i32"}
     quant |= {"x_stride_m": "i32", "x_stride_g": "i32"}
     _without_spills(linear_tl.quantize_rows_kernel, quant, dict(BLOCK_M=linear_tl.QUANT_BLOCK_M), 4, True)
+    reduce = {"part_ptr": "*fp32", "out_ptr": "*bf16", "size": "i32"}
+    _without_spills(
+        linear_tl.reduce_splits_kernel, reduce, dict(SPLITS=4, BLOCK=linear_tl.REDUCE_BLOCK), 4, True
+    )
     seen = set()
     for t in tiles:
         for x, kind, prequant in paths:
@@ -300,7 +305,9 @@ def _linear(every: bool) -> None:
                 continue
             seen.add(key)
             types = {"x_ptr": x, "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16"}
-            meta = dict(K_SIZE=5120, DOT_KIND=kind, HAS_SCALE=True, X_SCALED=prequant, EVEN_K=True)
+            # K split in 4 (the shared experts' w1/w3 at decode): the split path's partial stores
+            meta = dict(K_SIZE=5120, K_SPLIT=1280, DOT_KIND=kind, HAS_SCALE=True, X_SCALED=prequant)
+            meta |= dict(EVEN_K=True)
             meta |= dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
             print(f"linear {t} x {x}", flush=True)
             _without_spills(

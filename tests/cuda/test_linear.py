@@ -261,7 +261,7 @@ def test_tiles_change_with_the_row_count(monkeypatch: pytest.MonkeyPatch) -> Non
         assert tiles in cuda_linear.CANDIDATES[bound], (bound, tiles)
         assert tiles.block_k % 32 == 0, tiles
     launched = []
-    monkeypatch.setattr(linear_tl, "launch", lambda *args: launched.append(args[-1]))
+    monkeypatch.setattr(linear_tl, "launch", lambda *args: launched.append(args[5]))
     gen = torch.Generator().manual_seed(4)
     w = _weight("fp8_block32", 2 * 32, 64, torch.bfloat16, gen)
     p = _params("fp8_block32", "fp8_g32", "f32")
@@ -305,3 +305,50 @@ def test_rows_bit_equal_across_tiles_on_gpu(
             diff = (part != full[start : start + size]).sum().item()
             used = tiles or cuda_linear.tiles_for(size)
             assert diff == 0, f"batch {size} at row {start}, tiles {used}: {diff} elements differ"
+
+
+def test_k_splits_depend_on_the_weight_shape_only() -> None:
+    """Narrow decode projections are cut into K ranges (V4.1 widths), wide ones are not; every split is a
+    multiple of SPLIT_ALIGN columns and at least MIN_SPLIT."""
+    want = {(1, 2304, 5120): 4, (1, 512, 5120): 5, (1, 5120, 8192): 2, (1, 5120, 2304): 3,
+            (8, 1024, 4096): 2, (1, 32768, 1280): 1, (1, 129280, 5120): 1, (1, 4096, 1280): 1}  # fmt: skip
+    for (groups, n, k), splits in want.items():
+        assert cuda_linear.k_splits(groups, n, k) == splits, (groups, n, k)
+        assert (k // splits) % cuda_linear.SPLIT_ALIGN == 0 or splits == 1
+
+
+@pytest.mark.parametrize(
+    "case", [CASES[0], CASES[4], CASES[6]], ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[3]}"
+)
+def test_split_k_matches_the_cpu_rule_and_keeps_rows_batch_invariant(
+    case: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K = 512 cut into 4 ranges of 128 (the split constants scaled down to the tiny shapes): the result
+    stays within the cpu rule's tolerance, and each row has the same bits alone and in batches that pick
+    other tiles (1, 7, 70 rows)."""
+    monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 128)
+    monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 128)
+    monkeypatch.setattr(cuda_linear, "SPLIT_TARGET", 1 << 30)
+    weight_format, act_quant, x_dtype, out_dtype = case
+    n, k = 96, 512
+    assert cuda_linear.k_splits(1, n, k) == 4
+    gen = torch.Generator().manual_seed(17)
+    p = _params(weight_format, act_quant, out_dtype)
+    x = (torch.randn(70, k, generator=gen) * 3).to(x_dtype)
+    w = _weight(weight_format, n, k, x_dtype, gen)
+    _compare_linear(p, x, w)
+    device_w = tuple(t.to(DEVICE) for t in w)
+    full = cuda_linear.linear(p, x.to(DEVICE), *device_w)
+    for size in (1, 7):
+        part = cuda_linear.linear(p, x[3 : 3 + size].to(DEVICE), *device_w)
+        assert torch.equal(part, full[3 : 3 + size]), size
+
+
+def test_split_k_refuses_ranges_that_cut_a_k_step() -> None:
+    from dsgraph.platform.cuda.kernels import linear_tl
+
+    x = torch.zeros(1, 1, 320, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.zeros(32, 320, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.empty(1, 1, 32, device=DEVICE, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"2 K splits of K = 320, expected K a multiple of BLOCK_K \(128\)"):
+        linear_tl.launch(x, w, None, out, linear_tl.DOT_NATIVE, (64, 32, 128, 4, 4), splits=2)

@@ -11,9 +11,11 @@ FP32 partial sum. Other combinations:
 - dense weights, act_quant none: dots in the common dtype of x and w (FP32 IEEE when they differ);
 - dense weights with act_quant fp8_g32 (no V4.1 graph uses it) and tensors not on a CUDA device (unless
   Triton's interpreter is on) fall back to the cpu rule.
-Tiles are chosen by the number of rows M (TILE_TABLE), never splitting K nor changing the order in which
-32-column chunks are accumulated, so a row's result does not depend on the batch as long as the tensor-core
-dot of one chunk gives the same bits whatever the tile (checked on the GPU by tests/cuda/test_linear.py).
+Tiles are chosen by the number of rows M (TILE_TABLE) without changing the order in which 32-column chunks
+are accumulated; K is cut into ranges (summed apart, then added in order) by the weight's shape alone
+(`k_splits`), the same for every M. So a row's result does not depend on the batch as long as the
+tensor-core dot of one chunk gives the same bits whatever the tile (checked on the GPU by
+tests/cuda/test_linear.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "Tiles",
     "dot_kind",
     "grouped_linear",
+    "k_splits",
     "linear",
     "tiles_for",
 ]
@@ -100,6 +103,26 @@ CANDIDATES: dict[int, tuple[Tiles, ...]] = {
 }
 
 
+# K splits: decode (M <= 16) has ceil(N / 32) programs per group, too few to fill 132 SMs for the narrow
+# projections (72 for the shared experts' 2304 rows, 16 for the indexer's 512). K is cut into up to
+# MAX_SPLITS ranges of a multiple of SPLIT_ALIGN columns until the decode grid has SPLIT_TARGET programs;
+# the count depends on the weight's shape only, never on M, so a row's bits stay batch invariant (every
+# M runs the same splits, added in the same order).
+SPLIT_TARGET = 264  # decode programs wanted (two per SM)
+SPLIT_ALIGN = 256  # columns: a multiple of every BLOCK_K in TILE_TABLE and CANDIDATES
+MAX_SPLITS = 8
+MIN_SPLIT = 512  # at least this many columns per split
+
+
+def k_splits(groups: int, n_size: int, k_size: int) -> int:
+    """How many K ranges a GEMM of this weight shape is cut into (1: none)."""
+    programs = groups * -(-n_size // 32)
+    valid = [1] + [
+        s for s in range(2, MAX_SPLITS + 1) if k_size % (SPLIT_ALIGN * s) == 0 and k_size // s >= MIN_SPLIT
+    ]
+    return next((s for s in valid if programs * s >= SPLIT_TARGET), valid[-1])
+
+
 def tiles_for(m: int) -> Tiles:
     """The tiles for a GEMM of m rows: the first TILE_TABLE entry whose bound is >= m. Every entry keeps
     each output element's K order (batch invariance holds if the tensor-core dots agree: GPU-tested)."""
@@ -144,7 +167,8 @@ def _run(
         return out.zero_()
     scale_bytes = scale[0].contiguous().view(torch.uint8) if scale else None
     kind = dot_kind(p.act_quant, x3, w if p.weight_format == "dense" else None)
-    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles or tiles_for(x3.shape[0]))
+    splits = k_splits(x3.shape[1], n_size, x3.shape[2])
+    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles or tiles_for(x3.shape[0]), splits)
     return out
 
 

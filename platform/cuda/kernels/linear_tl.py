@@ -32,6 +32,7 @@ DOT_F32 = 2  # FP32 operands, IEEE FMA products (f32 activations with dense or m
 DOT_SPLIT = 3
 DOT_SPLIT_F32 = 4  # the same pieces dotted as FP32 (Triton's interpreter, whose bf16 dot is broken)
 QUANT_BLOCK_M = 16  # rows per program of quantize_rows_kernel
+REDUCE_BLOCK = 1024  # elements per program of reduce_splits_kernel
 
 
 @triton.jit
@@ -127,16 +128,20 @@ def _chunk_part(
 @triton.jit
 def linear_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, xs_stride_m,
-    out_stride_m, out_stride_g, s_stride, K_SIZE: tl.constexpr, DOT_KIND: tl.constexpr,
-    HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    out_stride_m, out_stride_g, out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ) -> None:  # fmt: skip
-    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G). x [M, G, K] (unit stride along K), W [G*N, K],
-    scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along N).
-    X_SCALED: x is E4M3 from quantize_rows_kernel and xs [M, G, K/32] its FP32 scales (xs_stride_m per row;
-    the group's scales start at g * K/32). EVEN_K: K is a multiple of BLOCK_K (no K masks).
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along K),
+    W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along
+    N). X_SCALED: x is E4M3 from quantize_rows_kernel and xs [M, G, K/32] its FP32 scales (xs_stride_m per
+    row; the group's scales start at g * K/32). EVEN_K: K_SPLIT is a multiple of BLOCK_K (no K masks).
+    Split s of K (K_SPLIT < K_SIZE) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into the FP32 partial
+    out + s * out_stride_s (reduce_splits_kernel adds them); K_SPLIT == K_SIZE writes out in its dtype.
     Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order."""
-    pid_n, pid_m, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    SPLITS: tl.constexpr = K_SIZE // K_SPLIT
+    pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g, split = pid_gs // SPLITS, pid_gs % SPLITS
     # int64 rows: a 64k-token prefill times a 32768-wide row passes 2^31 elements.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -145,16 +150,31 @@ def linear_kernel(
     x_base = x_ptr + g * x_stride_g
     xs_base = xs_ptr + g * (K_SIZE // 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K_SIZE, BLOCK_K):
+    k_lo = split * K_SPLIT
+    for k0 in range(0, K_SPLIT, BLOCK_K):
         for kk in tl.static_range(BLOCK_K // 32):
             acc += _chunk_part(
-                x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, k0 + kk * 32, m_size, K_SIZE,
+                x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, k_lo + k0 + kk * 32, m_size, K_SIZE,
                 x_stride_m, xs_stride_m, s_stride, DOT_KIND, HAS_SCALE, X_SCALED, EVEN_K,
             )  # fmt: skip
-    out = out_ptr + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
-    tl.store(
-        out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=(rows[:, None] < m_size) & n_mask[None, :]
-    )
+    out = out_ptr + split * out_stride_s + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
+    mask = (rows[:, None] < m_size) & n_mask[None, :]
+    if SPLITS == 1:
+        tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out, acc, mask=mask)
+
+
+@triton.jit
+def reduce_splits_kernel(part_ptr, out_ptr, size, SPLITS: tl.constexpr, BLOCK: tl.constexpr) -> None:
+    """Grid cdiv(size, BLOCK): out[i] = (((part[0, i] + part[1, i]) + ...) rounded to out's dtype: the
+    splits added in increasing K order, the same for every row and batch."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < size
+    acc = tl.load(part_ptr + i, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + s * size + i, mask=mask, other=0.0)
+    tl.store(out_ptr + i, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -169,24 +189,39 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def launch(
-    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, dot_kind: int, tiles: Sequence[Any]
-) -> None:
-    """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N]; tiles = (BLOCK_M, BLOCK_N,
-    BLOCK_K, num_warps, num_stages[, prequant]). prequant (DOT_FP8 with K % 32 == 0 only): x is quantized
-    by quantize_rows_kernel first, which gives the GEMM the same operands as in-kernel quantization."""
+    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, dot_kind: int, tiles: Sequence[Any],
+    splits: int = 1,
+) -> None:  # fmt: skip
+    """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N] (contiguous); tiles = (BLOCK_M,
+    BLOCK_N, BLOCK_K, num_warps, num_stages[, prequant]). prequant (DOT_FP8 with K % 32 == 0 only): x is
+    quantized by quantize_rows_kernel first, which gives the GEMM the same operands as in-kernel
+    quantization. splits > 1 (K a multiple of BLOCK_K * splits): K is cut into that many equal ranges, summed
+    into FP32 partials and then added in order (linear.py picks splits from the weight's shape only)."""
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
     block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
+    if splits < 1 or (splits > 1 and k_size % (block_k * splits)):
+        raise ValueError(
+            f"linear: {splits} K splits of K = {k_size}, expected K a multiple of BLOCK_K ({block_k}) "
+            "times the splits"
+        )
     x_scaled = bool(tiles[5]) if len(tiles) > 5 else False
     x_scaled = x_scaled and dot_kind == DOT_FP8 and k_size % 32 == 0
     xs = x
     if x_scaled:
         x, xs = quantize_rows(x)
-    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups)
+    k_split = k_size // splits
+    target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     linear_kernel[grid](
-        x, xs, w, scale if scale is not None else w, out, m_size, n_size, x.stride(0), x.stride(1),
-        xs.stride(0) if x_scaled else 0, out.stride(0), out.stride(1),
-        scale.stride(0) if scale is not None else 0, K_SIZE=k_size,
-        DOT_KIND=dot_kind, HAS_SCALE=scale is not None, X_SCALED=x_scaled, EVEN_K=k_size % block_k == 0,
+        x, xs, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
+        xs.stride(0) if x_scaled else 0, out.stride(0), out.stride(1), out.numel(),
+        scale.stride(0) if scale is not None else 0, K_SIZE=k_size, K_SPLIT=k_split,
+        DOT_KIND=dot_kind, HAS_SCALE=scale is not None, X_SCALED=x_scaled, EVEN_K=k_split % block_k == 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    if splits > 1:
+        size = out.numel()
+        reduce_splits_kernel[(triton.cdiv(size, REDUCE_BLOCK),)](
+            target, out, size, SPLITS=splits, BLOCK=REDUCE_BLOCK
+        )
