@@ -35,9 +35,10 @@ def _dequantize(name: str, kind: TensorKind, stored: Mapping[str, Tensor], block
 
 def release_dtype(name: str, t: Tensor) -> Tensor:
     """The LM head (F32 in NeMo's exports, BF16 in the release: numerics section 9) as BF16 when every
-    value is exact in BF16: no weight value changes, the largest read of a decode step halves (2.6 GB in
-    F32 at V4.1's vocabulary), and the head's input is then rounded to BF16 as DeepInfer does (numerics
-    section 6). A head whose values are not exact in BF16 stays F32."""
+    value is exact in BF16: no weight value changes, and the largest read of a decode step halves (2.6 GB
+    in F32 at V4.1's vocabulary). Serving's head input is the BF16 norm output either way, so the products
+    are the same; only the FP32 summation runs on BF16 tensor cores (DeepInfer's BF16 GEMM with FP32
+    output, numerics section 6). A head whose values are not exact in BF16 stays F32."""
     if name != "head.weight" or t.dtype != torch.float32 or t.is_meta:  # meta: no values to check
         return t
     half = t.to(torch.bfloat16)
