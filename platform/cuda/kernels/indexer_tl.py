@@ -63,24 +63,9 @@ def index_scores_kernel(
 
 @triton.jit
 def _scores(
-    q_ptr,
-    w_ptr,
-    keys_ptr,
-    table_ptr,
-    t,
-    e,
-    seq,
-    p,
-    num_heads,
-    num_blocks,
-    block_size,
-    table_width,
-    ratio,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT: tl.constexpr,
-) -> tl.tensor:
+    q_ptr, w_ptr, keys_ptr, table_ptr, t, e, seq, p, num_heads, num_blocks, block_size, table_width, ratio,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
+) -> tl.tensor:  # fmt: skip
     """Scores [BLOCK_E] of entries e of row t (sequence seq >= 0, position p), -inf where not visible."""
     num_entries = table_width * block_size
     h = tl.arange(0, BLOCK_H)
