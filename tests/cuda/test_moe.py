@@ -43,6 +43,16 @@ from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 VARIANTS = list(cuda_moe.VARIANTS) if ON_GPU else ["base", "swap"]
 
 
+def _mxfp4_params(
+    limit: float, act_quant: str = "fp8_g32", out_dtype: str = "f32", gemm_out_dtype: str = "bf16"
+) -> SimpleNamespace:
+    """moe_experts params over packed MXFP4 experts (the serving case by default: W4A8, BF16 GEMM out)."""
+    return SimpleNamespace(
+        swiglu_limit=limit, weight_format="mxfp4_rows", act_quant=act_quant, out_dtype=out_dtype,
+        gemm_out_dtype=gemm_out_dtype,
+    )  # fmt: skip
+
+
 @pytest.fixture(params=VARIANTS)
 def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test with moe_experts on one kernel variant."""
@@ -145,13 +155,7 @@ def test_every_variant_matches_cpu_rule(variant_name: str, monkeypatch: pytest.M
     monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", variant_name)
     launches = _swap_launches(monkeypatch)
     gen = torch.Generator().manual_seed(70)
-    p = SimpleNamespace(
-        swiglu_limit=2.0,
-        weight_format="mxfp4_rows",
-        act_quant="fp8_g32",
-        out_dtype="f32",
-        gemm_out_dtype="bf16",
-    )
+    p = _mxfp4_params(2.0)
     x = (torch.randn(70, 64, generator=gen) * 2).to(torch.bfloat16)
     ids, weights = _routing(70, 6, 3, gen)
     ids[:66, 0] = 4
@@ -185,13 +189,7 @@ def test_moe_experts_real_widths_on_gpu(rows: int, variant: str) -> None:
     cpu_gen = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, hidden, generator=cpu_gen).to(torch.bfloat16)
     ids, weights = _routing(rows, num_experts, k, cpu_gen)
-    p = SimpleNamespace(
-        swiglu_limit=10.0,
-        weight_format="mxfp4_rows",
-        act_quant="fp8_g32",
-        out_dtype="f32",
-        gemm_out_dtype="bf16",
-    )
+    p = _mxfp4_params(10.0)
     got = cuda_moe.moe_experts(p, *_dev((x, ids, weights)), *ws).cpu()
     small_ws, small_ids = _compact_experts(ws, ids)
     ref = rules_moe.moe_experts(p, x, small_ids, weights, *small_ws)
@@ -222,13 +220,7 @@ def test_moe_experts_rows_are_batch_invariant_across_the_bucket_switch(
 def _check_batch_invariance(act_quant: str) -> None:
     gen = torch.Generator().manual_seed(7)
     hidden, inter, num_experts, k = 64, 64, 5, 2
-    p = SimpleNamespace(
-        swiglu_limit=3.0,
-        weight_format="mxfp4_rows",
-        act_quant=act_quant,
-        out_dtype="f32",
-        gemm_out_dtype="bf16",
-    )
+    p = _mxfp4_params(3.0, act_quant=act_quant)
     x = torch.randn(32, hidden, generator=gen).to(torch.bfloat16)
     ids, weights = _routing(32, num_experts, k, gen)
     ws = _dev(_expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen))
@@ -314,13 +306,7 @@ def test_fp4_dequantization_layout_matches_cpu() -> None:
     )
     x = torch.eye(hidden)[:5] * 0.5
     ids = torch.zeros(5, 1, dtype=torch.int32)
-    p = SimpleNamespace(
-        swiglu_limit=100.0,
-        weight_format="mxfp4_rows",
-        act_quant="none",
-        out_dtype="f32",
-        gemm_out_dtype="f32",
-    )
+    p = _mxfp4_params(100.0, act_quant="none", gemm_out_dtype="f32")
     got = cuda_moe.moe_experts(p, *_dev((x, ids, torch.ones(5, 1))), *_dev((w1, w3, w2, s1, s3, s2))).cpu()
     dense = [fp4_rows_dequantize(w[0], s[0]) for w, s in ((w1, s1), (w3, s3), (w2, s2))]
     act = rules_moe.swiglu_f32(x @ dense[0].t(), x @ dense[1].t(), 100.0)
@@ -444,13 +430,7 @@ def test_moe_experts_equals_the_cpu_rule_combine_of_its_pair_outputs(
 
     gen = torch.Generator().manual_seed(11)
     rows, hidden, inter, num_experts, k = 20, 64, 64, 5, 3
-    p = SimpleNamespace(
-        swiglu_limit=3.0,
-        weight_format="mxfp4_rows",
-        act_quant="fp8_g32",
-        out_dtype="bf16",
-        gemm_out_dtype="bf16",
-    )
+    p = _mxfp4_params(3.0, out_dtype="bf16")
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
     ids, weights = _routing(rows, num_experts, k, gen)
     ws = _dev(_expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen))
@@ -477,13 +457,7 @@ def test_moe_experts_rows_are_batch_invariant_across_plan_blocks(
     monkeypatch.setattr(moe_tl, "PLAN_BLOCK_P", 8)
     gen = torch.Generator().manual_seed(5)
     rows, hidden, inter, num_experts, k = 12, 32, 32, 4, 2
-    p = SimpleNamespace(
-        swiglu_limit=3.0,
-        weight_format="mxfp4_rows",
-        act_quant="fp8_g32",
-        out_dtype="f32",
-        gemm_out_dtype="bf16",
-    )
+    p = _mxfp4_params(3.0)
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
     ids, weights = _routing(rows, num_experts, k, gen)
     ws = _dev(_expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen))

@@ -11,7 +11,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +98,10 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
         weights = random_serving_weights(cfg, synthetic_token_map(cfg), dspark="spec" in parts)
         # the model part first: it alone is held to the time budget, which the spec part would spend
         if "model" in parts:
-            save = partial(_save_part, out_dir, result, "model")
+
+            def save(part: dict[str, Any]) -> None:
+                _write(out_dir, {**result, "model": part})
+
             result["model"] = model_part(plan, cal, weights, start + plan.budget_s, save)
             _write(out_dir, result)
         if "spec" in parts:
@@ -109,10 +111,6 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
             }
             print(json.dumps(result["spec"]["cases"]), flush=True)
     return _write(out_dir, result)
-
-
-def _save_part(out_dir: Path, result: dict[str, Any], name: str, part: dict[str, Any]) -> None:
-    _write(out_dir, {**result, name: part})
 
 
 def _write(out_dir: Path, result: dict[str, Any]) -> Path:

@@ -16,7 +16,6 @@ from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
 from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
-from dsgraph.models.deepseek_v41.weights import release_dtype
 from dsgraph.platform.cuda import placement
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
@@ -25,13 +24,16 @@ _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.wei
 Stored = tuple[Tensor, Tensor | None]  # a weight and its scale (None for plain tensors)
 
 
+def _plain_dtype(name: str, spec: TensorSpec) -> torch.dtype:
+    """The serving dtype of a plain tensor: the spec's, but the LM head has the release's BF16 values
+    (numerics section 9), which the loader keeps in BF16 (weights.py `release_dtype`)."""
+    return torch.bfloat16 if name == "head.weight" else torch_dtype(spec.dtype)
+
+
 def _stored(cfg: ModelConfig, name: str, spec: TensorSpec, gen: torch.Generator) -> Stored:
     w = sample_weight(name, spec.logical_shape, gen)
     if spec.kind is TensorKind.PLAIN:
-        t = w.to(torch_dtype(spec.dtype))
-        if name == "head.weight":  # the release's values (BF16: numerics section 9), held in BF16
-            t = release_dtype(name, t.to(torch.bfloat16).float())
-        return t, None
+        return w.to(_plain_dtype(name, spec)), None
     block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
     return quantize_tensor(spec, w, block)
 
@@ -110,8 +112,8 @@ def meta_serving_weights(cfg: ModelConfig, *, dspark: bool = False) -> dict[str,
         return torch.empty(spec.shape, dtype=dtype or torch_dtype(spec.dtype), device="meta")
 
     def make(name: str, spec: TensorSpec) -> Stored:
-        if spec.kind is TensorKind.PLAIN:  # the head in BF16, as random_serving_weights holds it
-            return empty(spec, torch.bfloat16 if name == "head.weight" else None), None
+        if spec.kind is TensorKind.PLAIN:
+            return empty(spec, _plain_dtype(name, spec)), None
         return empty(spec), empty(specs[scale_name(name)])
 
     out = _serving_layout(cfg, make, dspark=dspark)
