@@ -268,7 +268,7 @@ def _moe_swap() -> None:
                     N_SIZE=n, K_SIZE=k, GATED=gated, QDQ_OUT=gated, GEMM_DTYPE=tl.bfloat16, WIDE=False
                 )
                 meta |= dict(BLOCK_W=t.block_w, BLOCK_T=t.block_t, BLOCK_K=t.block_k)
-                meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0)
+                meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0, SCALED=t.scaled)
                 print(f"swap {'gated' if gated else 'down'} {t}", flush=True)
                 _without_spills(
                     moe_swap_tl.swap_gemm_kernel, gemm, meta, t.num_warps, True, t.num_stages, aligned

@@ -219,7 +219,7 @@ def test_moe_experts_rows_are_batch_invariant_across_the_bucket_switch(
 
 def _check_batch_invariance(act_quant: str) -> None:
     gen = torch.Generator().manual_seed(7)
-    hidden, inter, num_experts, k = 64, 64, 5, 2
+    hidden, inter, num_experts, k = 128, 128, 5, 2
     p = _mxfp4_params(3.0, act_quant=act_quant)
     x = torch.randn(32, hidden, generator=gen).to(torch.bfloat16)
     ids, weights = _routing(32, num_experts, k, gen)

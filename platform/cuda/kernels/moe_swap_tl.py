@@ -14,6 +14,10 @@ The gated kernel fuses w1 and w3, the gemm_out rounding, the clamped SwiGLU, the
 w2 GEMM's input rounding (FP8-g32 qdq, or rounding to the activation dtype) and writes that BF16 input;
 the down kernel writes each pair's w2 output rounded to gemm_out. Under Triton's interpreter, whose BF16
 dot is wrong, the same values are dotted in FP32 (WIDE): the same exact products.
+SCALED (a variant's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
+their scales to `tl.dot_scaled` instead: Triton upcasts E2M1 x UE8M0 to BF16 itself (the same exact
+values, through its packed conversion rather than _dequantize's FP32 bit arithmetic per value, which
+bounds decode) and runs the same BF16 dot with FP32 accumulation.
 """
 
 from __future__ import annotations
@@ -64,6 +68,19 @@ def _dequantize(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.con
     if not WIDE:
         w = w.to(tl.bfloat16)
     return w
+
+
+@triton.jit
+def _dot_packed(b, s, a, acc, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr,
+                SCALED: tl.constexpr):  # fmt: skip
+    """acc + W . a for W the packed bytes b and scales s (from _load_packed): BF16 dot, FP32 sums."""
+    if SCALED:
+        packed = b.to(tl.uint8, bitcast=True)  # the weights are stored as int8
+        acc = tl.dot_scaled(packed, s, "e2m1", a, None, "bf16", acc, out_dtype=tl.float32)
+    else:
+        w = _dequantize(b, s, BLOCK_W, BLOCK_K, WIDE)
+        acc = tl.dot(w, a, acc, input_precision="ieee", out_dtype=tl.float32)
+    return acc
 
 
 @triton.jit
@@ -129,6 +146,7 @@ def swap_gemm_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN: tl.constexpr,
+    SCALED: tl.constexpr = False,
 ) -> None:
     """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
     GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
@@ -160,13 +178,11 @@ def swap_gemm_kernel(
             a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
             # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
             k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
-            w = _dequantize(wb, ws, BLOCK_W, BLOCK_K, WIDE)
+            acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
             wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
-            acc = tl.dot(w, a, acc, input_precision="ieee", out_dtype=tl.float32)
             if GATED:
-                v = _dequantize(vb, vs, BLOCK_W, BLOCK_K, WIDE)
+                acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
                 vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
-                acc_v = tl.dot(v, a, acc_v, input_precision="ieee", out_dtype=tl.float32)
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
@@ -214,7 +230,7 @@ def launch_swap_gemm(
 ) -> None:
     """weights = (w, scale, v, v_scale): packed MXFP4 (uint8 scales), v None for w2; a_rows: the A row of
     each sorted row (gated only); tiles = (expert, start, end) per row tile; config: GEMM_DTYPE, QDQ_OUT,
-    WIDE, BLOCK_W, BLOCK_T, BLOCK_K, num_warps, num_stages."""
+    WIDE, BLOCK_W, BLOCK_T, BLOCK_K, num_warps, num_stages and optionally SCALED."""
     w, s, v, vs = weights
     n_size, k_size = w.shape[1], a.shape[1]
     grid = (triton.cdiv(n_size, config["BLOCK_W"]), tiles[0].shape[0])
