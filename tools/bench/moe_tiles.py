@@ -1,0 +1,79 @@
+"""GPU sweep of candidate swap-AB tile sets for `moe_experts` (moe.SwapTiles) at V4.1's widths:
+`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill]` registers each candidate as a
+one-bucket variant, prints for a few row counts whether its output has the same bits as "swap"'s (a
+variant that mixes tile sets across its row buckets keeps rows batch invariant only then), and times
+the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave swap_ds's decode tiles
+(bench/results/moe-sweep-H200-ds-decode-tiles*.json), the prefill set its prefill choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from dsgraph.platform.cuda.kernels import moe as cuda_moe
+from dsgraph.tools.bench import moe_sweep
+
+T = cuda_moe.SwapTiles
+DECODE = {  # (weight rows, sorted rows, columns, warps, stages, dot_scaled) for both GEMMs
+    f"d_{'ds' if t.scaled else 'dq'}_{t.block_w}_{t.block_k}_w{t.num_warps}s{t.num_stages}": t
+    for t in (
+        T(64, 16, 64, 4, 4, True),
+        T(64, 16, 128, 4, 4, True),
+        T(64, 16, 128, 4, 2, True),
+        T(32, 16, 128, 4, 4, True),
+        T(64, 16, 256, 4, 3, True),
+        T(128, 16, 64, 4, 4, True),
+        T(64, 16, 64, 2, 4, True),
+        T(64, 16, 64, 1, 4, True),
+        T(128, 16, 64, 2, 4, True),
+        T(32, 16, 64, 1, 4, True),
+        T(64, 16, 64, 2, 2, True),
+        T(64, 16, 64, 2, 6, True),
+    )
+}
+PREFILL = {  # (gated tiles, down tiles)
+    "p_ds_128x128_k64": (T(128, 64, 64, 8, 3, True), T(128, 128, 64, 8, 3, True)),
+    "p_ds_128x64_k64_s4": (T(128, 64, 64, 8, 4, True), T(128, 64, 64, 8, 4, True)),
+    "p_ds_64x128_k64": (T(64, 128, 64, 4, 3, True), T(64, 128, 64, 4, 3, True)),
+    "p_ds_128x128_k128": (T(128, 128, 128, 8, 3, True), T(128, 128, 128, 8, 3, True)),
+}
+
+
+def register(which: str) -> list[str]:
+    """Adds the set's candidates to moe.VARIANTS as one-bucket variants; returns their names."""
+    if which == "decode":
+        cases = {name: (t, t) for name, t in DECODE.items()}
+    else:
+        cases = PREFILL
+    for name, (gated, down) in cases.items():
+        cuda_moe.VARIANTS[name] = ((cuda_moe._BIG, gated, down),)
+    return list(cases)
+
+
+def same_bits(names: list[str], rows_list: tuple[int, ...]) -> None:
+    ws = moe_sweep.random_experts(torch.Generator(device="cuda").manual_seed(0))
+    for rows in rows_list:
+        x, ids, weights = moe_sweep.step_inputs(rows, torch.Generator(device="cuda").manual_seed(rows))
+        ref = moe_sweep.run_variant("swap", (x, ids, weights, *ws))
+        for name in names:
+            got = moe_sweep.run_variant(name, (x, ids, weights, *ws))
+            print(f"{name} rows {rows}: same bits as swap: {torch.equal(ref, got)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--set", choices=("decode", "prefill"), default="decode")
+    args = parser.parse_args(argv)
+    names = register(args.set)
+    same_bits(names, (1, 64, 600, 4096))
+    rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]
+    variants = ["swap", "swap_ds", *names]
+    return moe_sweep.main(["--out", str(args.out), "--rows", *rows, "--variants", *variants])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
