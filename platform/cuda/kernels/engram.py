@@ -107,7 +107,7 @@ def engram_hash(
     return out
 
 
-# Tested under Triton's CPU interpreter, not yet run on a GPU: the cuda platform uses these rules only with
-# DSGRAPH_CUDA_KERNELS=all until tests/cuda/test_engram.py passes on the H200.
-GPU_VERIFIED = False
+# tests/cuda/test_engram.py and test_engram_overlap.py pass on the H200 (bench/logs/pytest-cuda-h200-*.log
+# from e40524f on), so the cuda platform runs these rules by default.
+GPU_VERIFIED = True
 RULES: dict[str, Any] = {"engram_hash": engram_hash, "gather_dequant_rows": gather_dequant_rows}

@@ -69,8 +69,9 @@ class SwapTiles:
 
 
 # A swap variant: (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one
-# taking every larger step. Row buckets may change BLOCK_T and BLOCK_W only: BLOCK_K (the dots' K order)
-# is the variant's, so a row's result never depends on the bucket (batch invariance).
+# taking every larger step. Row buckets may change BLOCK_T, BLOCK_W, warps, stages and `scaled` (the
+# same bits on the H200): BLOCK_K (the dots' K order) is the variant's, so a row's result never depends
+# on the bucket (batch invariance; test_moe's bucket-switch test checks each variant on the GPU).
 SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
 _BIG = 1 << 62
 _D64, _D128 = SwapTiles(64, 16, 64, 4, 4), SwapTiles(64, 16, 128, 4, 4)  # decode: 16 rows per tile
