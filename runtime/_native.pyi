@@ -443,9 +443,9 @@ class Scheduler:
     @draft_ms.setter
     def draft_ms(self, arg: float, /) -> None: ...
 
-    def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> None:
+    def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = [], use_prefix_cache: bool = True) -> None:
         """
-        Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...).
+        Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...). use_prefix_cache=False: it neither reads nor fills the prefix cache.
         """
 
     def add_prefilled(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], output: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> Allocation:

@@ -24,6 +24,7 @@ from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
+from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan, model_inputs
@@ -46,14 +47,18 @@ class EngineConfig:
     page_size: int = 16
     cache_budget_bytes: int | None = None  # None: pages for max_num_seqs requests of max_model_len
     # Prefix caching keeps the global (compressed) caches of earlier prompts and recomputes the last
-    # `replay` tokens of a hit to rebuild SWA state, which is never cached (spec 5.6 item 1). "window"
-    # (default) replays one window: attention reads no SWA key below the replay start
-    # (`seq_window_start`), so the replayed rows see truncated windows and the rebuilt SWA state only
-    # approximates a cold prefill (global caches stay exact; the error is bounded to the replayed window
-    # and deterministic, never stale keys of a reused slot). "exact" replays window * layers tokens, which
-    # gives bit-for-bit the tokens of a cold run at the price of recomputing that many tokens per hit.
+    # `replay` tokens of a hit to rebuild SWA state, which is never cached (spec 5.6 item 1). "exact"
+    # (default) replays window * layers tokens, which gives bit-for-bit the tokens of a cold run at the
+    # price of recomputing that many tokens per hit. "window" (an explicit approximation) replays one
+    # window: attention reads no SWA key below the replay start (`seq_window_start`), so the replayed rows
+    # see truncated windows and the rebuilt SWA state only approximates a cold prefill (global caches stay
+    # exact; the error is bounded to the replayed window and deterministic; on the tiny random model the
+    # first token's log-probs move by up to ~1.1 nats, tests/e2e/test_llm.py), greedy tokens may change.
     enable_prefix_cache: bool = True
-    prefix_replay: str = "window"
+    prefix_replay: str = "exact"
+    # "auto": weights from the checkpoint's safetensors; "dummy": random weights of the config's shapes,
+    # generated on the platform's device (vLLM's load_format="dummy"; for benchmarks, its text is noise)
+    load_format: str = "auto"
     # DSpark speculative decoding (runtime/spec_engine.py). "auto": on when the checkpoint has DSpark
     # stages and the platform is cuda (the cpu default stays fast), "dspark": on, "off". verify_schedule
     # "confidence" plans each step's verified drafts from the confidence head and the throughput curve;
@@ -81,6 +86,8 @@ class EngineConfig:
         check_spec_config(self)
         if self.overlap not in ("auto", "on", "off"):
             raise ValueError(f"overlap: {self.overlap!r}, expected 'auto', 'on' or 'off'")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format: {self.load_format!r}, expected 'auto' or 'dummy'")
         if self.prefix_replay not in ("window", "exact"):
             raise ValueError(f"prefix_replay: {self.prefix_replay!r}, expected 'window' or 'exact'")
         if self.platform not in ("cpu", "cuda"):
@@ -103,7 +110,8 @@ class _Live:
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: str | None = None
-    prompt_logprobs: dict[int, float] = field(default_factory=dict)  # prompt position -> logprob
+    prompt_logprobs: dict[int, PromptEntry] = field(default_factory=dict)  # prompt position -> entry
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     checked: int = 0  # text length already searched for stop strings
     emitted: int = 0  # text length already returned
     # Prompt tokens served from the prefix cache: counted from the plans while the prompt is prefilled
@@ -215,13 +223,15 @@ class Engine:
             eos_id=eos,
             ignore_eos=params.ignore_eos,
             stop_token_ids=params.stop_token_ids,
+            # prompt logprobs need every position computed: a cached prefix would leave holes
+            use_prefix_cache=params.prompt_logprobs is None,
         )
         seeds = params.completion_seeds()
+        detok = IncrementalDetokenizer(
+            self.tokenizer, list(prompt_ids), skip_special_tokens=params.skip_special_tokens
+        )
         self.live[rid] = _Live(
-            params,
-            seeds[0] if seed is None else seed,
-            [int(t) for t in prompt_ids],
-            IncrementalDetokenizer(self.tokenizer, list(prompt_ids)),
+            params, seeds[0] if seed is None else seed, [int(t) for t in prompt_ids], detok
         )
         self._prefilling.add(rid)
 
@@ -268,13 +278,14 @@ class Engine:
         """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
         rows: list[int] = []
         meta: list[tuple[int, int]] = []
-        if not any(lv.params.prompt_logprobs for lv in self.live.values()):
+        if all(lv.params.prompt_logprobs is None for lv in self.live.values()):
             return rows, meta  # the common case: no per-row Python work on the step path
         seq_ids, positions, seq_rids = plan.seq_ids, plan.positions, plan.seq_rids
         for t in range(plan.num_tokens):
             rid = int(seq_rids[seq_ids[t]])
             live = self.live.get(rid)
-            if live is not None and live.params.prompt_logprobs and positions[t] + 1 < len(live.prompt):
+            wanted = live is not None and live.params.prompt_logprobs is not None
+            if wanted and positions[t] + 1 < len(live.prompt):
                 rows.append(t)
                 meta.append((rid, int(positions[t]) + 1))
         return rows, meta
@@ -284,19 +295,26 @@ class Engine:
         inputs taken from the previous step's device samples (overlapped scheduling)."""
         inputs = model_inputs(plan)
         rows, meta = self._prompt_rows(plan)
+        masked = self._min_tokens_rows(plan)
         if not rows:
-            return self.session.run(inputs, fix)
+            return mask_rows(self.session.run(inputs, fix), masked)
         n = len(plan.sample_rows)
         inputs = {
             **inputs,
             "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
         }
         logits = self.session.run(inputs, fix)
-        logprobs = torch.log_softmax(logits[n:].double(), -1)
-        for i, (rid, pos) in enumerate(meta):
-            live = self.live[rid]
-            live.prompt_logprobs[pos] = float(logprobs[i, live.prompt[pos]])
-        return logits[:n]
+        tokens = [self.live[rid].prompt[pos] for rid, pos in meta]
+        ks = [self.live[rid].params.prompt_logprobs or 0 for rid, _ in meta]
+        for (rid, pos), entry in zip(meta, prompt_entries(logits[n:], tokens, ks), strict=True):
+            self.live[rid].prompt_logprobs[pos] = entry
+        return mask_rows(logits[:n], masked)
+
+    def _min_tokens_rows(self, plan) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+        """(sample row, token id) to mask for `min_tokens` (empty in the common case: no Python work)."""
+        if all(lv.params.min_tokens == 0 for lv in self.live.values()):
+            return []
+        return min_tokens_mask(plan, self.live, self.cfg.eos_token_id)
 
     def step(self) -> list[TokenEvent]:
         """One model step; returns the tokens it produced (one event per sampled request).
@@ -449,7 +467,7 @@ class Engine:
         self._prefilling.discard(rid)  # a sampled row ends the prefill: the hit count is final
         if rid in self._faults and len(live.tokens) >= self._faults[rid]:
             raise RuntimeError(f"fault injected into request {rid} (Engine.inject_fault)")
-        k = live.params.top_logprobs
+        k = live.params.num_top_logprobs
         top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))
         live.tokens.append(token)
         live.logprobs.append(float(s.logprobs[i]))
@@ -460,12 +478,16 @@ class Engine:
             finished, reason = True, "stop"
         elif finished:
             live.finish = reason
+            if reason == "stop" and token in live.params.stop_token_ids:
+                live.stop_reason = token
         cached = live.num_cached_tokens or 0
         return TokenEvent(rid, token, text, float(s.logprobs[i]), top, finished, reason, cached)
 
     def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
         """Text to emit for this token: never half a character, never a (partial) stop string."""
-        stops = live.params.stop
+        p = live.params
+        # stop strings count from min_tokens on (vLLM's rule); the text before stays searchable
+        stops = p.stop if len(live.tokens) >= p.min_tokens else ()
         live.detok.push(token)
         if finished:
             live.detok.flush()
@@ -475,6 +497,9 @@ class Engine:
         if cut is not None and not finished:
             self.scheduler.abort(rid)  # a stop string ends the request; its caches are freed now
             live.finish = "stop"
+        if cut is not None:
+            live.stop_reason = next(s for s in stops if full.startswith(s, cut))
+            cut += len(live.stop_reason) if p.include_stop_str_in_output else 0
         end = cut if cut is not None else len(full) - (0 if finished else stop_prefix_len(full, stops))
         text = full[live.emitted : max(end, live.emitted)]
         live.emitted = max(end, live.emitted)

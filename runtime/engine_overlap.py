@@ -113,10 +113,10 @@ class OverlapLoop:
         return self.engine._token_events(prev.plan, prev.pending.wait(), events)
 
     def _needs_plain(self, plan: StepPlan) -> bool:
-        """Prompt logprobs are read off the step's logits, and a forced token must reach the next step's
-        inputs: such steps run without overlap."""
+        """Prompt logprobs are read off the step's logits, a forced token must reach the next step's
+        inputs and the min_tokens mask counts the tokens so far: such steps run without overlap."""
         e = self.engine
-        if e._prompt_rows(plan)[0]:
+        if e._prompt_rows(plan)[0] or e._min_tokens_rows(plan):
             return True
         for rid in plan.sample_rids.tolist():
             live = e.live.get(rid)

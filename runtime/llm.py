@@ -1,21 +1,30 @@
-"""The offline API: `LLM(model=..., **config).generate(prompts, sampling_params)` and `.stream(...)`.
+"""The offline API, in vLLM's shape: `LLM(model=..., **config).generate(prompts, sampling_params)`,
+`.chat(messages, sampling_params)` and `.stream(...)`.
 
-A bad request (empty prompt, unknown token id, prompt over max_model_len, invalid sampling params) gets
-a `RequestOutput` whose `error` names the field; every other request of the call runs normally.
+A prompt is a string, a list of token ids, `{"prompt": str}` or `{"prompt_token_ids": [...]}`, alone
+or in a list. A bad request (empty prompt, unknown token id, prompt over max_model_len, invalid sampling
+params, a malformed prompt dict) gets a `RequestOutput` whose `error` names the field; every other
+request of the call runs normally.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
 
 from dsgraph.runtime.engine import Engine, EngineConfig
-from dsgraph.runtime.outputs import CompletionOutput, RequestOutput
+from dsgraph.runtime.llm_outputs import request_output
+from dsgraph.runtime.outputs import RequestOutput
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams, completion_seed
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | Mapping[str, Any]
+Params = SamplingParams | Sequence[SamplingParams] | None
+Message = Mapping[str, Any]
 
 
 @dataclass
@@ -28,37 +37,73 @@ class _Request:
     error: str | None = None
 
 
+def _is_single(prompts: Prompt | Sequence[Prompt]) -> bool:
+    if isinstance(prompts, str | Mapping):
+        return True
+    return bool(prompts) and isinstance(prompts[0], int) and not isinstance(prompts[0], bool)
+
+
+def _prompt_fields(item: object) -> tuple[str | None, list[int] | None]:
+    """(text, token ids) of one prompt; RequestError names what is wrong with it."""
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, Mapping):
+        unknown = sorted(set(item) - {"prompt", "prompt_token_ids"})
+        if unknown:
+            raise RequestError(
+                unknown[0], item[unknown[0]], "absent: a prompt dict has 'prompt' or 'prompt_token_ids'"
+            )
+        if ("prompt" in item) == ("prompt_token_ids" in item):
+            raise RequestError(
+                "prompt", dict(item), "a dict with exactly one of 'prompt', 'prompt_token_ids'"
+            )
+        if "prompt" in item:
+            if not isinstance(item["prompt"], str):
+                raise RequestError("prompt", item["prompt"], "a string")
+            return item["prompt"], None
+        item = item["prompt_token_ids"]
+    if isinstance(item, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+        return None, [int(t) for t in item]
+    raise RequestError(
+        "prompt", item, "a string, a list of token ids, {'prompt': ...} or {'prompt_token_ids': ...}"
+    )
+
+
 class LLM:
     def __init__(self, model: str | Path | None = None, **config: object) -> None:
         if model is None:
             from dsgraph.tools.generate_cmd import default_model_dir
 
             model = default_model_dir()
+        self.model_dir = Path(model)
         self.engine = Engine(model, EngineConfig(**config))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._recipe_tok: Any = None  # deepseek-recipe's tokenizer, loaded by the first chat()
 
-    def _requests(
-        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
-    ) -> list[_Request]:
-        items = (
-            [prompts]
-            if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
-            else list(prompts)
-        )
+    def _requests(self, prompts: Prompt | Sequence[Prompt], params: Params) -> list[_Request]:
+        items = [prompts] if _is_single(prompts) else list(prompts)  # type: ignore[arg-type]
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(items)
         if len(plist) != len(items):
             raise ValueError(f"sampling_params: {len(plist)} given for {len(items)} prompts")
         out = []
-        for i, (p, sp) in enumerate(zip(items, plist, strict=True)):
-            ids = self.tokenizer.encode(p).ids if isinstance(p, str) else [int(t) for t in p]
-            out.append(_Request(i, p if isinstance(p, str) else None, ids, sp, []))
+        for i, (item, sp) in enumerate(zip(items, plist, strict=True)):
+            try:
+                text, ids = _prompt_fields(item)
+            except RequestError as exc:
+                out.append(_Request(i, None, [], sp, [], str(exc)))
+                continue
+            if ids is None:
+                ids = self.tokenizer.encode(text).ids
+            out.append(_Request(i, text, ids, sp, []))
         return out
 
     def _submit(self, req: _Request) -> None:
+        if req.error is not None:
+            return
         try:
-            seeds = req.params.validate(self.engine.cfg.text.vocab_size).completion_seeds()
-            base = seeds[0]
+            base = req.params.validate(self.engine.cfg.text.vocab_size).completion_seeds()[0]
             for k in range(req.params.n):
                 rid = next(self._ids)
                 self.engine.add_request(rid, req.prompt_ids, req.params, seed=completion_seed(base, k))
@@ -68,65 +113,62 @@ class LLM:
                 self.engine.abort(rid)
             req.error = str(exc)
 
-    def _output(self, req: _Request) -> RequestOutput:
-        if req.error is not None:
-            return RequestOutput(str(req.index), req.prompt, tuple(req.prompt_ids), (), error=req.error)
-        comps = []
-        for k, rid in enumerate(req.rids):
-            live = self.engine.live[rid]
-            want_lp = req.params.logprobs or req.params.top_logprobs > 0
-            comps.append(
-                CompletionOutput(
-                    k,
-                    live.text,
-                    tuple(live.tokens),
-                    live.finish,
-                    tuple(live.logprobs) if want_lp else None,
-                    tuple(tuple(t) for t in live.top) if req.params.top_logprobs else None,
-                    num_draft_tokens=live.num_draft_tokens,
-                    num_accepted_tokens=live.num_accepted_tokens,
-                )
-            )
-        prompt_lp = None
-        first = self.engine.live[req.rids[0]]
-        if req.params.prompt_logprobs:
-            # positions served from the prefix cache were not recomputed: their logprob is None
-            prompt_lp = tuple(first.prompt_logprobs.get(i) for i in range(len(req.prompt_ids)))
-        error = next((self.engine.live[rid].error for rid in req.rids if self.engine.live[rid].error), None)
-        return RequestOutput(
-            str(req.index),
-            req.prompt,
-            tuple(req.prompt_ids),
-            tuple(comps),
-            prompt_lp,
-            error,
-            first.num_cached_tokens or 0,
+    def _output(self, req: _Request, request_id: str) -> RequestOutput:
+        lives = [self.engine.live[rid] for rid in req.rids]
+        return request_output(
+            request_id, req.prompt, req.prompt_ids, req.params, lives, req.error, self.tokenizer
         )
 
     def stream(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None
     ) -> Iterator[tuple[int, str, RequestOutput]]:
         """Yield (prompt index, new text, request state so far) after every step that advanced a request."""
         reqs = self._requests(prompts, sampling_params)
+        names = {req.index: str(next(self._request_ids)) for req in reqs}
         for req in reqs:
             self._submit(req)
             if req.error is not None:
-                yield req.index, "", self._output(req)
+                yield req.index, "", self._output(req, names[req.index])
         owner = {rid: req for req in reqs for rid in req.rids}
         while self.engine.has_unfinished:
             for event in self.engine.step():
                 req = owner[event.rid]
-                yield req.index, event.text, self._output(req)
+                yield req.index, event.text, self._output(req, names[req.index])
 
     def generate(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None, use_tqdm: bool = False
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in prompt order."""
+        """Run every prompt to completion; outputs in prompt order. `use_tqdm`: a bar of finished
+        prompts on stderr (off by default, unlike vLLM: library calls stay quiet)."""
         final: dict[int, RequestOutput] = {}
-        for index, _text, out in self.stream(prompts, sampling_params):
-            final[index] = out
+        count = 1 if _is_single(prompts) else len(prompts)  # type: ignore[arg-type]
+        with tqdm(total=count, unit="prompt", disable=not use_tqdm) as bar:
+            for index, _text, out in self.stream(prompts, sampling_params):
+                if out.finished and (index not in final or not final[index].finished):
+                    bar.update(1)
+                final[index] = out
         return [final[i] for i in sorted(final)]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: Params = None,
+        *,
+        thinking: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of OpenAI-style messages) or a list of them. The
+        prompt is rendered by deepseek-recipe exactly as `dsgraph serve` renders /v1/chat/completions;
+        `thinking` chooses thinking mode, `tools` are offered as in a request body."""
+        from dsgraph.runtime.server.chat_render import render_chat
+        from dsgraph.runtime.server.protocol import recipe_tokenizer
+
+        if self._recipe_tok is None:
+            self._recipe_tok = recipe_tokenizer(self.model_dir)
+        convs = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = [
+            {"prompt_token_ids": render_chat(self._recipe_tok, self.tokenizer, list(c), thinking, tools)}
+            for c in convs
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

@@ -1,9 +1,10 @@
-"""What a request returns (DeepInfer's `RequestOutput`, deepinfer-parity 1.8, in the shape the OpenAI-style
-APIs need): one `RequestOutput` per request holding one `CompletionOutput` per sampled sequence (`n`).
+"""What a request returns, in vLLM's shape: one `RequestOutput` per request holding one `CompletionOutput`
+per sampled sequence (`n`), log-probabilities as one `{token id: Logprob}` dict per position.
 
-Log-probabilities are those of the processed distribution (after temperature, top-k, top-p, min-p and
-the structured-output mask), as the `sample` op reports them; a token cut from that distribution has
--inf (a JSON API clamps it, as DeepInfer does at -9999).
+Log-probabilities of generated tokens are those of the processed distribution (after temperature, top-k,
+top-p and min-p), as the `sample` op reports them (DeepInfer's convention; vLLM's default reports the raw
+model distribution); a token cut from that distribution has -inf (a JSON API clamps it, as DeepInfer
+does at -9999). Prompt log-probabilities are the raw model distribution's (nothing is sampled there).
 """
 
 from __future__ import annotations
@@ -11,29 +12,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FINISH_REASONS", "CompletionOutput", "FinishReason", "RequestOutput", "TopLogprobs"]
+__all__ = [
+    "FINISH_REASONS",
+    "CompletionOutput",
+    "FinishReason",
+    "Logprob",
+    "PositionLogprobs",
+    "RequestOutput",
+]
 
 # "stop": EOS, a stop token id or a stop string; "length": max_tokens or max_model_len; "abort": aborted
 # by the caller or the engine (preempted and dropped, failed structured output).
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
-# Per generated token, the k most likely (token id, logprob) pairs, most likely first.
-TopLogprobs = tuple[tuple[tuple[int, float], ...], ...]
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """One token's log-probability at one position. `rank`: 1 for the most likely token; None where it
+    is not known (a sampled token outside the 20 most likely)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position: the chosen (or prompt) token and the k most likely, most likely first.
+PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionOutput:
-    """One generated sequence. `logprobs`/`top_logprobs` are None unless the request asked for them;
-    otherwise they hold one entry per token of `token_ids`. `stop_reason` is the stop string or stop
-    token id that ended it (None for EOS, length, abort or unfinished)."""
+    """One generated sequence. `logprobs` is None unless the request asked for them (then one dict per
+    token of `token_ids`); `cumulative_logprob` is their sum (None likewise). `stop_reason` is the stop
+    string or stop token id that ended it (None for EOS, length, abort or unfinished)."""
 
     index: int
     text: str
     token_ids: tuple[int, ...]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
     finish_reason: FinishReason | None = None
-    logprobs: tuple[float, ...] | None = None
-    top_logprobs: TopLogprobs | None = None
     stop_reason: str | int | None = None
     # Speculative decoding: drafts verified for this sequence and how many of them were accepted (each
     # accepted draft is an extra token emitted by one target step); 0 with drafting off.
@@ -43,12 +62,10 @@ class CompletionOutput:
     def __post_init__(self) -> None:
         if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"finish_reason: {self.finish_reason!r} must be one of {list(FINISH_REASONS)}")
-        for name in ("logprobs", "top_logprobs"):
-            values = getattr(self, name)
-            if values is not None and len(values) != len(self.token_ids):
-                raise ValueError(
-                    f"{name}: {len(values)} entries, expected one per token ({len(self.token_ids)})"
-                )
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"logprobs: {len(self.logprobs)} entries, expected one per token ({len(self.token_ids)})"
+            )
 
     @property
     def finished(self) -> bool:
@@ -60,14 +77,15 @@ class RequestOutput:
     """A request's state: its prompt and its completions so far (final when `finished`).
 
     `prompt_logprobs` has one entry per prompt token: None for the first (nothing precedes it), then
-    the log-probability of each token given the tokens before it; the field is None unless asked for.
+    the prompt token's and the k most likely tokens' log-probabilities given the tokens before it; the
+    field is None unless asked for.
     """
 
     request_id: str
     prompt: str | None
     prompt_token_ids: tuple[int, ...]
+    prompt_logprobs: list[PositionLogprobs | None] | None
     outputs: tuple[CompletionOutput, ...]
-    prompt_logprobs: tuple[float | None, ...] | None = None
     # A rejected request: the message names the bad field and `outputs` is empty. A request that failed
     # inside the engine: the message says why and `outputs` holds what it produced before.
     error: str | None = None

@@ -1,5 +1,5 @@
-"""Per-request sampling parameters (DeepInfer's `SamplingParams`, deepinfer-parity 1.5, plus the usual
-OpenAI-style fields DeepInfer lacks: stop strings, stop token ids, min_p, n).
+"""Per-request sampling parameters: vLLM's `SamplingParams` fields and meanings where they overlap
+(DeepInfer's fields map onto them; README "Migrating from DeepInfer").
 
 The `sample` op (dsgraph.ops.sampling) consumes one row per output: temperature (< 1e-5 = greedy), top_p,
 top_k (-1 = off), min_p (0 = off), a 64-bit seed and the position; `op_row` gives those values.
@@ -32,29 +32,37 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample one request. Defaults follow DeepInfer (temperature 1, top_p 1, top_k off, 16 tokens).
+    """How to sample one request. Field names and meanings follow vLLM's `SamplingParams` where they
+    overlap; the defaults follow DeepInfer (temperature 1, top_p 1, top_k off, 16 tokens), as vLLM's do.
 
-    `stop` strings end the text before the match (the match is not returned); `stop_token_ids` end
-    generation after that token, like EOS (which `ignore_eos` disables). `seed` None draws a fresh
-    random seed per request; a fixed seed makes the tokens depend only on (seed, position).
-    `logprobs` returns the chosen tokens' log-probabilities, `top_logprobs` the k most likely (both under
-    the processed distribution); `prompt_logprobs` the log-probability of each prompt token given its
-    prefix. `n` completions of one prompt use seeds derived from `seed` (`completion_seed`).
+    `stop` strings end the text at the match (the match is returned only with
+    `include_stop_str_in_output`); `stop_token_ids` end generation after that token, like EOS (which
+    `ignore_eos` disables). `min_tokens`: EOS, the stop token ids and the stop strings cannot end a
+    completion before it has that many tokens (EOS and stop token ids are masked from the distribution).
+    `seed` None draws a fresh random seed per request; a fixed seed makes the tokens depend only on
+    (seed, position). `logprobs` None returns no log-probabilities; k >= 0 returns, per generated token,
+    the chosen token's and the k most likely tokens' (under the processed distribution, see
+    runtime/outputs.py). `prompt_logprobs` k >= 0: each prompt token's log-probability given its prefix
+    plus the k most likely there; a request asking for it is computed in full (it bypasses the prefix
+    cache), so every position has one. `n` completions of one prompt use seeds derived from `seed`
+    (`completion_seed`). `skip_special_tokens`: special tokens are left out of `text`.
     """
 
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
-    max_tokens: int = 16
+    seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs: bool = False
-    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     # Teacher forcing (DeepInfer's golden tokens): the engine emits these ids in order instead of
     # sampling, then samples on; stop conditions still apply. Tests use it to drive exact model outputs.
     golden_token_ids: tuple[int, ...] = ()
@@ -73,6 +81,11 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def num_top_logprobs(self) -> int:
+        """Most likely tokens reported per generated token (0 without `logprobs`)."""
+        return self.logprobs or 0
+
     def validate(self, vocab_size: int) -> SamplingParams:
         """Raise RequestError naming the first bad field; returns self so calls can chain."""
         if not _is_int(vocab_size) or vocab_size < 1:
@@ -83,6 +96,7 @@ class SamplingParams:
             _check_int("top_k", self.top_k, 1, _INT32_MAX, " (or -1 for off)")
         _check_float("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]")
         _check_int("max_tokens", self.max_tokens, 1, _INT32_MAX)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens, " (at most max_tokens)")
         for name in ("stop", "stop_token_ids", "golden_token_ids"):
             if not isinstance(getattr(self, name), tuple):
                 raise RequestError(name, getattr(self, name), "a list")
@@ -93,12 +107,15 @@ class SamplingParams:
             _check_int(f"stop_token_ids[{i}]", token, 0, vocab_size - 1, " (a token id)")
         for i, token in enumerate(self.golden_token_ids):
             _check_int(f"golden_token_ids[{i}]", token, 0, vocab_size - 1, " (a token id)")
-        for name in ("ignore_eos", "logprobs", "prompt_logprobs"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise RequestError(name, getattr(self, name), "a bool")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                note = " (the number of most likely tokens to return, or None for none)"
+                _check_int(name, getattr(self, name), 0, MAX_TOP_LOGPROBS, note)
         if self.seed is not None:
             _check_int("seed", self.seed, -(2**63), _MASK64, " (or None for a random seed)")
-        _check_int("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
         _check_int("n", self.n, 1, _INT32_MAX)
         return self
 

@@ -229,9 +229,13 @@ class Scheduler:
         eos_id: int = -1,
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
+        use_prefix_cache: bool = True,
     ) -> None:
+        """Queue a request; `use_prefix_cache` False: it neither reads nor fills the prefix cache."""
         tokens = as_tokens(prompt, "prompt")
-        self.native.add_request(rid, tokens, max_tokens, eos_id, ignore_eos, list(stop_token_ids))
+        self.native.add_request(
+            rid, tokens, max_tokens, eos_id, ignore_eos, list(stop_token_ids), use_prefix_cache
+        )
 
     def add_prefilled(
         self,

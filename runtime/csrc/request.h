@@ -32,6 +32,9 @@ struct Request {
     std::vector<int32_t> tokens;
     int32_t prompt_len = 0;
     StopParams stop;
+    // false: admitted without a prefix-cache lookup and never offering its pages (a request that needs
+    // every prompt position computed, e.g. for prompt log-probabilities)
+    bool use_prefix_cache = true;
 
     int32_t num_computed = 0;  // leading tokens whose cache entries exist
     int32_t replay_end = 0;    // positions below it recompute entries already cached (prefix hit)

@@ -46,7 +46,7 @@ bool Scheduler::admit(Request &r) {
     r.num_computed = 0;
     r.replay_end = 0;
     r.window_start = 0;
-    if (config_.enable_prefix_cache) {
+    if (config_.enable_prefix_cache && r.use_prefix_cache) {
         if (r.chain.empty()) {
             r.chain = cache_.chains(std::span(r.tokens).first(static_cast<size_t>(r.prompt_len)));
         }
@@ -206,7 +206,7 @@ void Scheduler::plan_prefills(std::vector<Chunk> &chunks, int32_t &budget) {
             }
             break;  // FCFS: nobody overtakes a request that cannot progress
         }
-        if (fresh && config_.enable_prefix_cache) {
+        if (fresh && config_.enable_prefix_cache && r.use_prefix_cache) {
             cache_.count_lookup(r.prompt_len, r.replay_end);
         }
         const int32_t end = reachable_end(r, std::min(r.num_tokens(), r.num_computed + budget));

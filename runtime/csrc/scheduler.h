@@ -130,7 +130,9 @@ public:
     // Queues a request (NORMAL, PROMPT). Throws std::invalid_argument naming the
     // field: rid in use, empty prompt, prompt longer than max_model_len, a token
     // id < 0 (or >= vocab_size), max_tokens < 1, a stop token id < 0.
-    void add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop);
+    // use_prefix_cache false: this request neither reads nor fills the prefix cache.
+    void add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop,
+                     bool use_prefix_cache = true);
     // A request whose caches hold prompt + output except its newest token,
     // filled elsewhere (NORMAL, COMPLETION). Allocates its slot and pages and
     // returns them for the caller to fill. Throws std::runtime_error when no

@@ -85,11 +85,14 @@ Request &Scheduler::create(int64_t rid, std::span<const int32_t> prompt, std::sp
     return out;
 }
 
-void Scheduler::add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop) {
+void Scheduler::add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop,
+                            bool use_prefix_cache) {
     if (config_.engine_type == EngineType::kCompletion) {
         throw std::invalid_argument("add_request: a COMPLETION engine only decodes; use add_prefilled()");
     }
-    queue_.push_back(&create(rid, prompt, {}, stop, "add_request"));
+    Request &r = create(rid, prompt, {}, stop, "add_request");
+    r.use_prefix_cache = use_prefix_cache;
+    queue_.push_back(&r);
 }
 
 bool Scheduler::can_add_prefilled(int32_t num_tokens) const {

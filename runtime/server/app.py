@@ -108,7 +108,7 @@ async def _recipe_chunks(
     state.metrics.prompt_tokens.inc(len(prep.prompt_ids))
     gen = prep.generator(prep.conv, f"{api.id_prefix}{uuid.uuid4().hex}", state.model_name)
     proc = dr.StreamProcessor(gen, prep.conv.parsing_options, state.recipe_tok)
-    want_lp = prep.params.logprobs or prep.params.top_logprobs > 0
+    want_lp = prep.params.logprobs is not None
     finished = False
     try:
         event = await events.get()

@@ -134,8 +134,7 @@ def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len
         max_tokens=max_tokens,
         stop=tuple(conv.parsing_options.stop_sequences),
         seed=opts.seed,
-        logprobs=bool(opts.logprobs),
-        top_logprobs=int(top),
+        logprobs=int(top) if opts.logprobs or top else None,
     )
 
 

@@ -3,6 +3,8 @@ seeded sampling, preemption, prefix caching, bad inputs, streaming."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -87,18 +89,26 @@ def test_stream_pieces_add_up_to_the_final_text(model_dir) -> None:  # type: ign
     assert all(final[i].finished and pieces[i] == final[i].outputs[0].text for i in range(3))
 
 
+def _rank(entry) -> int:  # type: ignore[no-untyped-def]
+    return entry.rank
+
+
 def test_logprobs_and_n(model_dir) -> None:  # type: ignore[no-untyped-def]
     llm = LLM(model_dir, max_model_len=256)
     out = llm.generate(
         [PROMPTS[1]],
-        SamplingParams(
-            temperature=1.0, seed=5, max_tokens=4, n=3, logprobs=True, top_logprobs=3, ignore_eos=True
-        ),
+        SamplingParams(temperature=1.0, seed=5, max_tokens=4, n=3, logprobs=3, ignore_eos=True),
     )[0]
     assert len(out.outputs) == 3 and len({c.token_ids for c in out.outputs}) > 1
     for c in out.outputs:
-        assert len(c.logprobs) == 4 and all(lp <= 0 for lp in c.logprobs)
-        assert all(len(t) == 3 and t[0][1] >= t[1][1] >= t[2][1] for t in c.top_logprobs)
+        assert len(c.logprobs) == 4
+        chosen = [pos[t].logprob for pos, t in zip(c.logprobs, c.token_ids, strict=True)]
+        assert all(lp <= 0 for lp in chosen) and c.cumulative_logprob == pytest.approx(sum(chosen))
+        for pos, token in zip(c.logprobs, c.token_ids, strict=True):
+            # vLLM's shape: the chosen token plus the 3 most likely, ranks 1..3 in falling order
+            top = sorted((e for e in pos.values() if e.rank is not None and e.rank <= 3), key=_rank)
+            assert token in pos and len(pos) in (3, 4) and [e.rank for e in top] == [1, 2, 3]
+            assert all(a.logprob >= b.logprob for a, b in itertools.pairwise(top))
 
 
 def test_prefix_cache_exact_equals_cold_and_counts_hits(model_dir) -> None:  # type: ignore[no-untyped-def]
@@ -124,13 +134,12 @@ WINDOW_MAX_NATS, WINDOW_MEAN_NATS = 1.2, 0.6
 
 
 def test_prefix_cache_window_replay_stays_close_to_cold(model_dir) -> None:  # type: ignore[no-untyped-def]
-    params = SamplingParams(temperature=0, max_tokens=1, logprobs=True, top_logprobs=20, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=20, ignore_eos=True)
     shared = fx.prompt(600, 96)
     prompts = [shared + fx.prompt(601 + i, 7) for i in range(6)]
     cold_llm = LLM(model_dir, max_model_len=256, enable_prefix_cache=False)
     cold = [o.outputs[0] for o in cold_llm.generate(prompts, params)]
-    llm = LLM(model_dir, max_model_len=256)  # default: prefix caching with window replay
-    assert llm.engine.config.prefix_replay == "window"
+    llm = LLM(model_dir, max_model_len=256, prefix_replay="window")  # the explicit approximation
     warm = [llm.generate([p], params)[0].outputs[0] for p in prompts]  # the 2nd to 6th hit the cache
     looked_up, hit = llm.engine.prefix_cache_stats()
     assert looked_up == 6 * 103 and hit == 5 * 96
@@ -138,7 +147,8 @@ def test_prefix_cache_window_replay_stays_close_to_cold(model_dir) -> None:  # t
     assert warm[0] == cold[0]  # no hit: a cold run
     diffs, gaps = [], []
     for c, w in zip(cold[1:], warm[1:], strict=True):
-        cold_top, warm_top = dict(c.top_logprobs[0]), dict(w.top_logprobs[0])
+        cold_top = {t: e.logprob for t, e in c.logprobs[0].items()}
+        warm_top = {t: e.logprob for t, e in w.logprobs[0].items()}
         diffs.append(max(abs(lp - warm_top[t]) for t, lp in cold_top.items() if t in warm_top))
         gaps.append(max(warm_top.values()) - warm_top[c.token_ids[0]])
     assert max(diffs) <= WINDOW_MAX_NATS and sum(diffs) / len(diffs) <= WINDOW_MEAN_NATS, diffs
@@ -150,13 +160,17 @@ def test_prefix_cache_window_replay_stays_close_to_cold(model_dir) -> None:  # t
 def test_prompt_logprobs_equal_log_softmax_of_a_full_prefill(model_dir) -> None:  # type: ignore[no-untyped-def]
     prompt = PROMPTS[3]
     llm = LLM(model_dir, max_model_len=256, numerics="reference", max_num_batched_tokens=16)  # 2 chunks
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=True))[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))[0]
     runner = fx.runner(model_dir, REFERENCE)
     runner.add(0)
     want = torch.log_softmax(runner.step([(0, prompt)])[0].double(), -1)
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
     for pos in range(1, len(prompt)):
-        assert abs(out.prompt_logprobs[pos] - float(want[pos - 1, prompt[pos]])) < 1e-6, pos
+        entry = out.prompt_logprobs[pos][prompt[pos]]
+        assert abs(entry.logprob - float(want[pos - 1, prompt[pos]])) < 1e-6, pos
+        assert entry.rank == int((want[pos - 1] > want[pos - 1, prompt[pos]]).sum()) + 1
+        top3 = torch.topk(want[pos - 1], 3).indices.tolist()
+        assert {t for t, e in out.prompt_logprobs[pos].items() if e.rank <= 3} == set(top3)
 
 
 class _CountingNative:
@@ -223,9 +237,7 @@ def test_release_forgets_finished_requests_and_aborted_ones_in_flight(model_dir)
 def test_golden_token_ids_are_emitted_then_sampling_continues(model_dir) -> None:  # type: ignore[no-untyped-def]
     llm = LLM(model_dir, max_model_len=256)
     prompt, golden = PROMPTS[1], (7, 200, 7, 31)
-    forced = SamplingParams(
-        temperature=0, max_tokens=7, ignore_eos=True, golden_token_ids=golden, logprobs=True
-    )
+    forced = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, golden_token_ids=golden, logprobs=0)
     out = llm.generate([prompt, PROMPTS[2]], [forced, GREEDY])[0].outputs[0]
     assert out.token_ids[:4] == golden and len(out.token_ids) == 7
     # after the forced tokens greedy decoding continues as if they had been part of the prompt
@@ -234,7 +246,7 @@ def test_golden_token_ids_are_emitted_then_sampling_continues(model_dir) -> None
         out.token_ids[4:]
         == _tokens(LLM(model_dir, max_model_len=256), [list(prompt) + list(golden)], cont)[0]
     )
-    assert all(lp <= 0 for lp in out.logprobs)
+    assert all(pos[t].logprob <= 0 for pos, t in zip(out.logprobs, out.token_ids, strict=True))
     # stop conditions still apply to forced tokens: a stop token id among them ends the request there
     stopped = SamplingParams(
         temperature=1.0, seed=3, max_tokens=9, golden_token_ids=golden, stop_token_ids=(200,)

@@ -176,7 +176,7 @@ def test_preemption_and_prefix_hits_equal_plain_steps(model_dir) -> None:  # typ
 def test_prompt_logprobs_and_forced_tokens_switch_to_plain_steps(llms) -> None:  # type: ignore[no-untyped-def]
     params = [
         SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, golden_token_ids=(7, 200, 7)),
-        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=True),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=0),
         GREEDY,
     ]
     got, want = (llms[ov].generate(PROMPTS[1:4], params) for ov in ("on", "off"))

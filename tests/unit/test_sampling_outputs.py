@@ -1,4 +1,5 @@
-"""CompletionOutput / RequestOutput: per-token fields line up with the tokens, finish reasons are checked."""
+"""CompletionOutput / RequestOutput (vLLM's shape): per-token fields line up with the tokens, finish
+reasons are checked."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from dsgraph.runtime.outputs import CompletionOutput, RequestOutput
+from dsgraph.runtime.outputs import CompletionOutput, Logprob, RequestOutput
 
 
 def _completion(**over: object) -> CompletionOutput:
@@ -14,9 +15,9 @@ def _completion(**over: object) -> CompletionOutput:
         "index": 0,
         "text": "Hi 🎉",
         "token_ids": (5, 6, 7),
+        "cumulative_logprob": -0.6,
+        "logprobs": [{5: Logprob(-0.1, 1, "Hi")}, {6: Logprob(-0.2, 1)}, {7: Logprob(-0.3, 1)}],
         "finish_reason": "stop",
-        "logprobs": (-0.1, -0.2, -0.3),
-        "top_logprobs": (((5, -0.1),), ((6, -0.2),), ((7, -0.3),)),
         "stop_reason": 1,
     }
     return CompletionOutput(**{**base, **over})
@@ -24,10 +25,11 @@ def _completion(**over: object) -> CompletionOutput:
 
 def test_request_output_holds_prompt_and_completions() -> None:
     done, running = _completion(), _completion(index=1, finish_reason=None, stop_reason=None)
-    out = RequestOutput("0", "Say hi", (0, 3, 4), (done, running), prompt_logprobs=(None, -1.5, -0.25))
+    prompt_lp = [None, {3: Logprob(-1.5, 2)}, {4: Logprob(-0.25, 1)}]
+    out = RequestOutput("0", "Say hi", (0, 3, 4), prompt_lp, (done, running))
     assert out.outputs[0].finished and not out.outputs[1].finished and not out.finished
     assert dataclasses.replace(out, outputs=(done,)).finished
-    assert not RequestOutput("1", None, (0,), ()).finished
+    assert not RequestOutput("1", None, (0,), None, ()).finished
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.request_id = "2"  # type: ignore[misc]
 
@@ -36,8 +38,7 @@ def test_request_output_holds_prompt_and_completions() -> None:
     ("over", "message"),
     [
         ({"finish_reason": "eos"}, r"finish_reason: 'eos' must be one of \['stop', 'length', 'abort'\]"),
-        ({"logprobs": (-0.1,)}, r"logprobs: 1 entries, expected one per token \(3\)"),
-        ({"top_logprobs": ()}, r"top_logprobs: 0 entries, expected one per token \(3\)"),
+        ({"logprobs": [{5: Logprob(-0.1)}]}, r"logprobs: 1 entries, expected one per token \(3\)"),
     ],
 )
 def test_completion_fields_are_checked(over: dict, message: str) -> None:
@@ -47,4 +48,4 @@ def test_completion_fields_are_checked(over: dict, message: str) -> None:
 
 def test_prompt_logprobs_need_one_entry_per_prompt_token() -> None:
     with pytest.raises(ValueError, match=r"prompt_logprobs: 2 entries, expected one per prompt token \(3\)"):
-        RequestOutput("0", None, (0, 3, 4), (_completion(),), prompt_logprobs=(None, -1.0))
+        RequestOutput("0", None, (0, 3, 4), [None, {3: Logprob(-1.0)}], (_completion(),))

@@ -20,7 +20,8 @@ VOCAB = 1000
 def test_defaults_are_deepinfers_and_valid() -> None:
     p = SamplingParams().validate(VOCAB)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.n) == (1.0, 1.0, -1, 0.0, 16, 1)
-    assert (p.stop, p.stop_token_ids, p.seed, p.logprobs, p.top_logprobs) == ((), (), None, False, 0)
+    assert (p.stop, p.stop_token_ids, p.seed, p.logprobs, p.prompt_logprobs) == ((), (), None, None, None)
+    assert (p.min_tokens, p.skip_special_tokens, p.include_stop_str_in_output) == (0, True, False)
     assert not p.is_greedy and SamplingParams(temperature=0).is_greedy
 
 
@@ -43,12 +44,18 @@ BAD = [
     ("stop_token_ids", [3, VOCAB], r"stop_token_ids\[1\]: 1000 must be in 0..999 \(a token id\)"),
     ("stop_token_ids", [-1], r"stop_token_ids\[0\]: -1 must be in 0..999"),
     ("ignore_eos", 1, "ignore_eos: 1 must be a bool"),
-    ("logprobs", "yes", "logprobs: 'yes' must be a bool"),
+    ("logprobs", "yes", r"logprobs: 'yes' must be an int in 0..20 \(the number of most likely tokens"),
+    ("logprobs", True, "logprobs: True must be an int in 0..20"),
+    ("logprobs", MAX_TOP_LOGPROBS + 1, "logprobs: 21 must be in 0..20"),
+    ("logprobs", -1, "logprobs: -1 must be in 0..20"),
+    ("prompt_logprobs", 21, "prompt_logprobs: 21 must be in 0..20"),
+    ("prompt_logprobs", False, "prompt_logprobs: False must be an int"),
+    ("min_tokens", 17, r"min_tokens: 17 must be in 0..16 \(at most max_tokens\)"),
+    ("min_tokens", -1, "min_tokens: -1 must be in 0..16"),
+    ("skip_special_tokens", "no", "skip_special_tokens: 'no' must be a bool"),
+    ("include_stop_str_in_output", 0, "include_stop_str_in_output: 0 must be a bool"),
     ("seed", 2**64, "seed: 18446744073709551616 must be in"),
     ("seed", 1.0, "seed: 1.0 must be an int"),
-    ("top_logprobs", MAX_TOP_LOGPROBS + 1, "top_logprobs: 21 must be in 0..20"),
-    ("top_logprobs", -1, "top_logprobs: -1 must be in 0..20"),
-    ("prompt_logprobs", None, "prompt_logprobs: None must be a bool"),
     ("n", 0, "n: 0 must be in 1.."),
 ]
 
@@ -63,8 +70,9 @@ def test_validation_names_field_value_and_range(field: str, value: object, messa
 
 def test_edges_of_the_ranges_are_valid() -> None:
     SamplingParams(temperature=0, top_p=1e-9, top_k=1, min_p=1.0, max_tokens=1).validate(VOCAB)
-    SamplingParams(top_k=2**31 - 1, top_logprobs=20, seed=2**64 - 1, stop_token_ids=[0, 999]).validate(VOCAB)
-    SamplingParams(seed=-(2**63), n=4, stop=["\n\n", "</s>"], logprobs=True, prompt_logprobs=True).validate(1)
+    SamplingParams(top_k=2**31 - 1, logprobs=20, seed=2**64 - 1, stop_token_ids=[0, 999]).validate(VOCAB)
+    SamplingParams(seed=-(2**63), n=4, stop=["\n\n", "</s>"], logprobs=0, prompt_logprobs=0).validate(1)
+    SamplingParams(max_tokens=5, min_tokens=5, prompt_logprobs=20).validate(VOCAB)
     with pytest.raises(RequestError, match="vocab_size: 0 must be a positive int"):
         SamplingParams().validate(0)
 

@@ -1,0 +1,48 @@
+"""dsgraph: a compiled-graph inference engine for DeepSeek-V4.1-Flash.
+
+The offline API in vLLM's shape: `from dsgraph import LLM, SamplingParams`. The names are loaded on
+first use, so `import dsgraph.tools.cli` (and everything that does not need torch) stays light.
+This file is the package's top level (pyproject maps this folder to `dsgraph`); the subpackages are the
+repository's top-level folders (`dsgraph.runtime`, `dsgraph.models`, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dsgraph.runtime.engine import EngineConfig
+    from dsgraph.runtime.llm import LLM
+    from dsgraph.runtime.outputs import CompletionOutput, Logprob, RequestOutput
+    from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "Logprob",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+]
+
+_WHERE = {
+    "LLM": "dsgraph.runtime.llm",
+    "EngineConfig": "dsgraph.runtime.engine",
+    "CompletionOutput": "dsgraph.runtime.outputs",
+    "Logprob": "dsgraph.runtime.outputs",
+    "RequestOutput": "dsgraph.runtime.outputs",
+    "RequestError": "dsgraph.runtime.sampling_params",
+    "SamplingParams": "dsgraph.runtime.sampling_params",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'dsgraph' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
