@@ -1,8 +1,10 @@
 """DeepSeek-V4.1 configuration: typed, frozen, validated (spec model-v41 sections 1 and 2).
 
 `parse_config` reads the released nested `config.json` (top level + `text_config` + `vision_config`).
-Every error names the field path, the value found and what was expected. Unknown fields are kept in
-`extra` mappings so newer checkpoints still load. Pure Python: no torch here.
+A missing field takes the reference config class's default (config_defaults.py), as NeMo and
+transformers do. Every error names the field path, the value found and what was expected. Unknown fields
+are kept in `extra` mappings so newer checkpoints still load, with one warning naming them. Pure Python:
+no torch here.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import dataclasses
 import json
 import math
 import typing
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsgraph.models.deepseek_v41.config_defaults import BASE_KEYS, TOP_DEFAULTS, text_default
 from dsgraph.models.deepseek_v41.config_rules import ConfigError, validate_text
 
 __all__ = [
@@ -152,7 +156,7 @@ def parse_config(d: Mapping[str, Any]) -> ModelConfig:
     text_raw = d.get("text_config")
     if not isinstance(text_raw, Mapping):
         raise ConfigError("text_config", f"{text_raw!r} is not a JSON object")
-    text = _parse_dataclass(TextConfig, text_raw, "text_config")
+    text = _parse_dataclass(TextConfig, text_raw, "text_config", defaults=lambda n: text_default(n, text_raw))
     validate_text(text)
     quant = _parse_quant(d, text_raw)
     vision = d.get("vision_config", {})
@@ -162,9 +166,19 @@ def parse_config(d: Mapping[str, Any]) -> ModelConfig:
     top["vision_num_hidden_layers"] = _convert(
         vision.get("num_hidden_layers", 0), int, "vision_config.num_hidden_layers"
     )
-    cfg = _parse_dataclass(ModelConfig, top, "", text=text, quant=quant)
+    cfg = _parse_dataclass(ModelConfig, top, "", defaults=TOP_DEFAULTS.__getitem__, text=text, quant=quant)
     _validate_top(cfg)
+    _warn_unknown(cfg)
     return cfg
+
+
+def _warn_unknown(cfg: ModelConfig) -> None:
+    """One warning naming every key dsgraph does not know (the base class's own keys excepted)."""
+    unknown = [k for k in cfg.extra if k not in BASE_KEYS] + [
+        f"text_config.{k}" for k in cfg.text.extra if k not in BASE_KEYS
+    ]
+    if unknown:
+        warnings.warn(f"config.json: unknown keys ignored: {', '.join(unknown)}", UserWarning, stacklevel=3)
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -215,8 +229,11 @@ def _validate_top(cfg: ModelConfig) -> None:
         raise ConfigError("vision_config.num_hidden_layers", f"{cfg.vision_num_hidden_layers} is negative")
 
 
-def _parse_dataclass(cls: type, raw: Mapping[str, Any], path: str, **given: Any) -> Any:
-    """Build `cls` from `raw` by its type hints; unknown keys go to `extra`."""
+def _parse_dataclass(
+    cls: type, raw: Mapping[str, Any], path: str, defaults: Callable[[str], Any] | None = None, **given: Any
+) -> Any:
+    """Build `cls` from `raw` by its type hints; unknown keys go to `extra`. A missing field takes
+    `defaults(name)` (checked like a given value), else the dataclass default, else is an error."""
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = dict(given)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -226,6 +243,8 @@ def _parse_dataclass(cls: type, raw: Mapping[str, Any], path: str, **given: Any)
         where = f"{path}.{f.name}" if path else f.name
         if f.name in raw:
             kwargs[f.name] = _convert(raw[f.name], hints[f.name], where)
+        elif defaults is not None:
+            kwargs[f.name] = _convert(defaults(f.name), hints[f.name], where)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(where, f"missing (expected {_type_name(hints[f.name])})")
     kwargs["extra"] = {k: v for k, v in raw.items() if k not in names}
