@@ -21,6 +21,7 @@ from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.platform.cuda.execute import resolve_device
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
@@ -154,13 +155,14 @@ class TokenEvent:
 class Engine:
     def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> None:
         root = Path(model_dir)
+        resolve_device(config.platform)  # an absent device fails here, before any weight is read
         cfg = load_config(root)
         self.config, self.cfg = config, cfg
         self.tokenizer = load_tokenizer(root)
         token_map, _ = build_token_map(self.tokenizer)
         num = numerics_for(config.numerics)
         max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
-        weights = prepare_weights(cfg, load_checkpoint(root, cfg, progress=False), num, token_map)
+        weights = _load_weights(root, cfg, config, num, token_map)
         spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
@@ -504,6 +506,18 @@ class Engine:
         text = full[live.emitted : max(end, live.emitted)]
         live.emitted = max(end, live.emitted)
         return text
+
+
+def _load_weights(
+    root: Path, cfg, config: EngineConfig, num, token_map: list[int]
+) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
+    generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
+    if config.load_format == "dummy":
+        from dsgraph.runtime.dummy_weights import dummy_weights
+
+        return dummy_weights(cfg, num, token_map, device=config.platform)
+    return prepare_weights(cfg, load_checkpoint(root, cfg, progress=True), num, token_map)
 
 
 def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:

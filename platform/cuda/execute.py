@@ -31,9 +31,20 @@ from dsgraph.platform.registry import Program
 Operand = int | torch.Tensor  # a value id, or a literal already on the device
 
 
+class DeviceUnavailable(ValueError):
+    """The platform's device is not present on this machine (a clear message instead of torch's)."""
+
+
 def resolve_device(device: torch.device | str) -> torch.device:
-    """`device` with its index: "cuda" means the current CUDA device (tensors report "cuda:N")."""
+    """`device` with its index: "cuda" means the current CUDA device (tensors report "cuda:N").
+    DeviceUnavailable names the platform when no CUDA device is visible."""
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise DeviceUnavailable(
+            f"platform: 'cuda' is not available here: no CUDA device is visible (torch {torch.__version__}, "
+            f"{build}); use platform 'cpu' (--platform cpu) on this machine"
+        )
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device

@@ -15,13 +15,13 @@ from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokeniz
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches
 from dsgraph.tools.bench.steps import pages_for
-from dsgraph.tools.bench.weights_gpu import random_serving_weights
 from tests.cuda.test_engine_gpu import _tokens as engine_tokens
 from tests.oracle import model_fixtures as fx
 from tests.runtime.test_spec_draft_capture import CONTEXT, SLOTS, assert_same, requests

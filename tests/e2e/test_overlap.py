@@ -191,11 +191,13 @@ def test_overlap_on_the_cuda_platform_with_a_cpu_device(model_dir, monkeypatch) 
     their on-device correction) on a cpu device, with the cpu rules in place of the Triton kernels
     (`target.DEFAULTS`: the kernels under Triton's interpreter take minutes per step); the kernels
     themselves are checked on the GPU (tests/cuda/test_overlap_gpu.py)."""
+    import dsgraph.runtime.engine as engine_mod
     import dsgraph.runtime.session as session_mod
     from dsgraph.platform.cuda import target
 
     monkeypatch.setattr(target, "PLATFORM", target.DEFAULTS)
     monkeypatch.setattr(session_mod, "resolve_device", lambda d: torch.device("cpu"))
+    monkeypatch.setattr(engine_mod, "resolve_device", lambda d: torch.device("cpu"))
     kw = {"platform": "cuda", "speculative": "off", "max_num_batched_tokens": 64, **BASE}
     plain = _outputs(
         LLM(model_dir, overlap="off", **kw),

@@ -23,11 +23,11 @@ from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.platform.cuda.capture import capturable
 from dsgraph.platform.cuda.target import DEFAULTS
+from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches
 from dsgraph.tools.bench.steps import pages_for
-from dsgraph.tools.bench.weights_gpu import random_serving_weights
 from tests.oracle import model_fixtures as fx
 
 SLOTS, CONTEXT = 3, 96

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench import spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
 from dsgraph.tools.bench.extrapolate import extrapolate
@@ -30,7 +31,6 @@ from dsgraph.tools.bench.model_bench import (
     synthetic_token_map,
 )
 from dsgraph.tools.bench.model_config import bench_config
-from dsgraph.tools.bench.weights_gpu import random_serving_weights
 
 
 def commit() -> str:

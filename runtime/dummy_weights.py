@@ -1,8 +1,10 @@
-"""Random weights of the benchmark model generated on the GPU in the serving layout, with no checkpoint
-file. Serving numerics keep every tensor as stored (FP8 block-scaled matrices, packed MXFP4 experts), so
-the graph's weights are the stored tensors with routed experts stacked per layer (as
-`models/deepseek_v41/weights.py` lays them out). Experts are generated and quantized one at a time and
-stacked per layer, so the peak is one layer's experts twice."""
+"""Random weights from a config alone (`load_format="dummy"`, vLLM's name; the benchmark's model), generated
+on the device that runs them, with no checkpoint file. Serving numerics keep every tensor as stored (FP8
+block-scaled matrices, packed MXFP4 experts), so the graph's weights are the stored tensors with routed
+experts stacked per layer (as `models/deepseek_v41/weights.py` lays them out). Experts are generated and
+quantized one at a time and stacked per layer, so the peak is one layer's experts twice. Reference
+numerics dequantize: `dummy_weights` then builds the stored tensors and converts them as a loaded
+checkpoint is converted."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from torch import Tensor
 from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
 from dsgraph.models.deepseek_v41.config import ModelConfig
+from dsgraph.models.deepseek_v41.numerics import Numerics
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
+from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.platform.cuda import placement
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
@@ -101,6 +105,31 @@ def random_serving_weights(
     out = _serving_layout(cfg, make, dspark=dspark)
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)
     return out
+
+
+def random_stored_weights(cfg: ModelConfig, seed: int = 0, device: str = "cpu") -> dict[str, Tensor]:
+    """Every tensor of the checkpoint layout (`expected_tensors`, scales included), random, as
+    `load_checkpoint(..., weights="stored")` returns a checkpoint's."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out: dict[str, Tensor] = {}
+    for name, spec in expected_tensors(cfg).items():
+        if spec.kind is TensorKind.SCALE:
+            continue
+        t, s = _stored(cfg, name, spec, gen)
+        out[name] = t
+        if s is not None:
+            out[scale_name(name)] = s
+    return out
+
+
+def dummy_weights(
+    cfg: ModelConfig, num: Numerics, token_map: list[int], device: str, seed: int = 0
+) -> dict[str, Tensor]:
+    """The graph's weight inputs, random (DSpark stages included when the config has them)."""
+    if num.stored_weights:
+        dspark = cfg.text.num_nextn_predict_layers > 0
+        return random_serving_weights(cfg, token_map, seed, device, dspark=dspark)
+    return prepare_weights(cfg, random_stored_weights(cfg, seed, device), num, token_map)
 
 
 def meta_serving_weights(cfg: ModelConfig, *, dspark: bool = False) -> dict[str, Tensor]:
