@@ -150,6 +150,9 @@ class TokenEvent:
     finish_reason: str | None  # "stop", "length", "abort", or "error" (see `error`)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (final from the first token)
     error: str | None = None  # set with finish_reason "error": the request failed inside the engine
+    # with the first token of a request asking for prompt logprobs: one entry per prompt position (None
+    # for the first)
+    prompt_logprobs: tuple[PromptEntry | None, ...] | None = None
 
 
 class Engine:
@@ -483,7 +486,11 @@ class Engine:
             if reason == "stop" and token in live.params.stop_token_ids:
                 live.stop_reason = token
         cached = live.num_cached_tokens or 0
-        return TokenEvent(rid, token, text, float(s.logprobs[i]), top, finished, reason, cached)
+        prompt_lp = None
+        if live.params.prompt_logprobs is not None and len(live.tokens) == 1:
+            prompt_lp = tuple(live.prompt_logprobs.get(p) for p in range(len(live.prompt)))
+        lp = float(s.logprobs[i])
+        return TokenEvent(rid, token, text, lp, top, finished, reason, cached, prompt_logprobs=prompt_lp)
 
     def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
         """Text to emit for this token: never half a character, never a (partial) stop string."""

@@ -6,6 +6,7 @@ buckets and the device; runtime/spec_schedule.py)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
@@ -137,12 +139,18 @@ def profile_inputs(model: Any, n: int) -> dict[str, np.ndarray]:
 
 
 def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> ThroughputCurve:
-    """Tokens per step vs step time over `buckets` on the session (cached on disk), caches cleared after."""
+    """Tokens per step vs step time over `buckets` on the session (cached on disk), caches cleared after.
+    On a terminal a progress bar counts the buckets run (each captured on its first run)."""
+    bar = tqdm(total=len(buckets), desc="capture and profile", unit="bucket", disable=not sys.stderr.isatty())
+    seen: set[int] = set()
 
     def run(n: int) -> None:
         session.run(profile_inputs(session.model, n))
         if session.on_device:
             torch.cuda.synchronize(session.device)
+        if n not in seen:
+            seen.add(n)
+            bar.update(1)
 
     device = torch.cuda.get_device_name(session.device) if session.on_device else "cpu"
     model = session.model
@@ -156,6 +164,7 @@ def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> Th
         repeats=repeats,
         lookup="step" if session.on_device else "linear",
     )
+    bar.close()
     for t in session.caches.values():
         t.zero_()
     return curve

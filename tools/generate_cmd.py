@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
+
 DEFAULT_PROMPT = "w1 W2 w3 w4"
 
 
@@ -31,27 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
-    p.add_argument("--platform", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU kernels, graphs")
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument(
-        "--speculative",
-        choices=["auto", "dspark", "off"],
-        default="auto",
-        help="DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)",
-    )
-    p.add_argument("--verify-schedule", choices=["confidence", "fixed"], default="confidence")
-    p.add_argument("--draft-len", type=int, default=None, help="fixed schedule: drafts verified per request")
-    p.add_argument(
-        "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
-    )
-    p.add_argument(
-        "--overlap",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="plan step N+1 while step N runs (auto: on with cuda when not drafting)",
-    )
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop before this many tokens")
+    add_engine_args(p)
     p.set_defaults(func=main)
 
 
@@ -77,20 +60,10 @@ def main(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             top_k=args.top_k,
             max_tokens=args.max_tokens,
+            min_tokens=args.min_tokens,
             seed=args.seed,
         )
-        llm = LLM(
-            args.model,
-            numerics=args.numerics,
-            platform=args.platform,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            speculative=args.speculative,
-            verify_schedule=args.verify_schedule,
-            draft_len=args.draft_len,
-            deterministic=args.deterministic,
-            overlap=args.overlap,
-        )
+        llm = LLM(args.model, **engine_kwargs(args))
         params.validate(llm.engine.cfg.text.vocab_size)
     except (RequestError, ValueError) as exc:
         print(f"dsgraph generate: {exc}", file=sys.stderr)

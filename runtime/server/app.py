@@ -8,8 +8,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import replace
 from typing import Any
 
 import deepseek_recipe as dr
@@ -19,10 +19,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import RequestError
+from dsgraph.runtime.server.access import install_access
 from dsgraph.runtime.server.apis import APIS, Api, Event
+from dsgraph.runtime.server.completions import add_completions
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
+from dsgraph.runtime.server.request_log import Tracking, track_request
 
 # Test hooks, off by default (the fields are then ignored). With `create_app(..., allow_forced_outputs=True)`
 # a request body may carry FORCED_FIELD, token ids the engine emits instead of sampling
@@ -54,23 +57,6 @@ class ServerState:
         self.eos = engine.cfg.eos_token_id
 
 
-@dataclass
-class _Tracking:
-    """One request's timing (for the latency histograms) and its prompt-cache hit."""
-
-    start: float  # time.monotonic() when the request arrived
-    last: float | None = None  # when its latest token arrived
-    cached_tokens: int = 0
-
-    def token(self, metrics: Metrics) -> None:
-        now = time.monotonic()
-        if self.last is None:
-            metrics.time_to_first_token.observe(now - self.start)
-        else:
-            metrics.inter_token_latency.observe(now - self.last)
-        self.last = now
-
-
 def _chunk(event: TokenEvent, want_logprobs: bool, eos: int) -> dr.InferenceChunk:
     if event.token == eos and event.finished:
         return dr.InferenceChunk.text("", 1)  # counted as a completion token, never shown as text
@@ -99,13 +85,14 @@ def _raise_failure(event: TokenEvent) -> None:
 
 
 async def _recipe_chunks(
-    state: ServerState, api: Api, prep: Prepared, track: _Tracking, fault_after: int | None
+    state: ServerState, api: Api, prep: Prepared, track: Tracking, fault_after: int | None
 ) -> AsyncIterator[Event]:
     """Run the request; its engine events through the recipe's StreamProcessor. The first event is
     awaited before the recipe's first output, which reports the prompt-cache hit known only then. An
     engine failure raises ApiError 500; the request is aborted if the consumer leaves."""
     rid, events = await _add(state, prep, fault_after)
     state.metrics.prompt_tokens.inc(len(prep.prompt_ids))
+    track.prompt_tokens = len(prep.prompt_ids)
     gen = prep.generator(prep.conv, f"{api.id_prefix}{uuid.uuid4().hex}", state.model_name)
     proc = dr.StreamProcessor(gen, prep.conv.parsing_options, state.recipe_tok)
     want_lp = prep.params.logprobs is not None
@@ -124,7 +111,7 @@ async def _recipe_chunks(
             _raise_failure(event)
             if event.token >= 0:
                 state.metrics.generated_tokens.inc()
-                track.token(state.metrics)
+                track.observe(state.metrics)
                 for out in proc.push(_chunk(event, want_lp, state.eos)):
                     yield out
             # the recipe ends the response itself at a stop sequence, possibly before the engine sees it
@@ -192,7 +179,7 @@ def _fault_after(body: bytes) -> int | None:
     return after
 
 
-async def _serve(state: ServerState, api: Api, body: bytes, track: _Tracking) -> Response:
+async def _serve(state: ServerState, api: Api, body: bytes, track: Tracking) -> Response:
     engine_tok = state.loop.engine.tokenizer
     prep = prepare(api, body, state.options, state.recipe_tok, engine_tok, state.max_model_len)
     if state.allow_forced_outputs:
@@ -235,7 +222,7 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Respo
 
 def _route(app: FastAPI, state: ServerState, api: Api) -> None:
     async def handle(request: Request) -> Response:
-        track = _Tracking(time.monotonic())
+        track = track_request(request.scope)
         try:
             resp = await _unless_disconnected(request, _serve(state, api, await request.body(), track))
         except ApiError as exc:
@@ -258,16 +245,20 @@ def create_app(
     thinking: bool = False,
     allow_forced_outputs: bool = False,
     allow_fault_injection: bool = False,
+    api_key: str | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The server app around one engine; `app.state.server` holds the engine loop and metrics.
     `allow_forced_outputs` / `allow_fault_injection` enable the FORCED_FIELD / FAULT_FIELD test hooks;
-    never for a real server."""
+    never for a real server. `api_key`: /v1 endpoints need it; `allowed_origins`: CORS (access.py)."""
     state = ServerState(engine, model_name, recipe_tok, thinking, allow_forced_outputs, allow_fault_injection)
     app = FastAPI(title="dsgraph")
     app.state.server = state
 
     for api in APIS:
         _route(app, state, api)
+    add_completions(app, state)
+    install_access(app, api_key, allowed_origins)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
