@@ -1,5 +1,6 @@
 """`dsgraph bench`: calibrate the GPU, time kernels side by side and the full-width model's prefill and
-decode steps, write JSON and the decode Pareto plots (`--plot FILE` redraws the plots of a saved run)."""
+decode steps, write JSON and the decode Pareto plots (`--plot FILE` redraws the plots of a saved run).
+`dsgraph bench serve`: online load against a running server (tools/bench/serve_bench.py)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)
+    from dsgraph.tools.bench import serve_bench
+
+    serve_bench.add_parser(p.add_subparsers(dest="mode", metavar="MODE"))
