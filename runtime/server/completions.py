@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from dsgraph.runtime.engine import TokenEvent
 from dsgraph.runtime.sampling_params import RequestError, completion_seed
 from dsgraph.runtime.server.completions_request import CompletionRequest, parse_completion
+from dsgraph.runtime.server.engine_loop import EngineDead
 from dsgraph.runtime.server.protocol import ApiError
 from dsgraph.runtime.server.request_log import Tracking, track_request
 
@@ -92,6 +93,9 @@ async def _start(state: ServerState, req: CompletionRequest) -> list[_Choice]:
             except RequestError as exc:
                 _abort(state, choices)
                 raise ApiError(400, f"prompt[{i}]: {exc}", exc.field) from exc
+            except EngineDead as exc:
+                _abort(state, choices)
+                raise ApiError.internal(str(exc), status=503) from exc
             choices.append(choice)
     return choices
 
