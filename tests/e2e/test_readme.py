@@ -67,7 +67,7 @@ def test_curl_blocks_run(url: str) -> None:
     blocks = [b for b in SHELL if b.lstrip().startswith("curl")]
     assert blocks
     for body in blocks:  # as a script, so quoted JSON may span lines; every request must succeed
-        script = "set -e -o pipefail\ncurl() { command curl --fail \"$@\"; }\n" + _here(body, url)
+        script = 'set -e -o pipefail\ncurl() { command curl --fail "$@"; }\n' + _here(body, url)
         done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "dsgraph_requests" in done.stdout, done.stderr
         assert done.stdout.count('"object"') >= 3 and "text_completion" in done.stdout
