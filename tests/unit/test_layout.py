@@ -72,11 +72,22 @@ def test_packages_and_platform_subpackages_are_importable() -> None:
 
 
 def test_package_map_covers_python_folders() -> None:
-    mapped = set(package_map().values())
+    packages = dict(package_map())
+    # the package's own __init__.py lives under api/, so nothing named dsgraph sits at the repo root
+    assert packages.pop("dsgraph") == "api/dsgraph" and (REPO / "api/dsgraph/__init__.py").is_file()
+    assert not (REPO / "dsgraph").exists() and not (REPO / "api/__init__.py").exists()
+    mapped = set(packages.values())
     python_folders = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
     missing = (python_folders | {"platform"}) - mapped
     assert not missing, f"folders not in tool.scikit-build.wheel.packages: {sorted(missing)}"
-    assert all(key == f"dsgraph/{folder}" for key, folder in package_map().items())
+    assert all(key == f"dsgraph/{folder}" for key, folder in packages.items())
+
+
+def test_top_level_names_import_from_the_repo_root() -> None:
+    out = run_from_repo_root(
+        "import dsgraph; from dsgraph import LLM, SamplingParams; print(dsgraph.__file__)"
+    )
+    assert Path(out).resolve() == (REPO / "api/dsgraph/__init__.py").resolve()
 
 
 def test_no_top_level_name_shadows_stdlib() -> None:
