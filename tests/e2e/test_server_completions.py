@@ -148,9 +148,22 @@ def test_one_structured_log_line_per_request(server, caplog) -> None:  # type: i
             headers={"x-api-key": KEY},
         )
         httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": PROMPT})
+        chat = {
+            "model": MODEL,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "stream": True,
+        }
+        httpx.post(f"{url}/v1/chat/completions", json=chat, headers={"x-api-key": KEY})
     lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == LOGGER_NAME]
-    assert len(lines) == 2
-    ok, denied = lines
+    assert len(lines) == 3
+    ok, denied, streamed = lines
+    assert (streamed["endpoint"], streamed["status"], streamed["completion_tokens"]) == (
+        "/v1/chat/completions",
+        200,
+        2,
+    )
+    assert streamed["prompt_tokens"] == 3 and streamed["ttft_s"] is not None
     assert ok["request_id"] == r.headers["x-request-id"] and ok["endpoint"] == "/v1/completions"
     assert (ok["status"], ok["prompt_tokens"], ok["completion_tokens"]) == (200, 3, 3)
     assert ok["ttft_s"] is not None and 0 < ok["ttft_s"] <= ok["total_s"] and ok["cached_tokens"] >= 0
