@@ -45,6 +45,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 256
     page_size: int = 16
     cache_budget_bytes: int | None = None  # None: pages for max_num_seqs requests of max_model_len
+    # check every weight is finite at load (load_checkpoint names the first NaN/inf tensor); None: only
+    # for checkpoints up to checkpoint_io.FINITE_CHECK_BYTES
+    check_weights: bool | None = None
     # Prefix caching keeps the global (compressed) caches of earlier prompts and recomputes the last
     # `replay` tokens of a hit to rebuild SWA state, which is never cached (spec 5.6 item 1). "window"
     # (default) replays one window: attention reads no SWA key below the replay start
@@ -148,11 +151,13 @@ class Engine:
         root = Path(model_dir)
         cfg = load_config(root)
         self.config, self.cfg = config, cfg
-        self.tokenizer = load_tokenizer(root)
+        self.tokenizer = load_tokenizer(root, cfg.text.vocab_size)
         token_map, _ = build_token_map(self.tokenizer)
         num = numerics_for(config.numerics)
-        max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
-        weights = prepare_weights(cfg, load_checkpoint(root, cfg, progress=False), num, token_map)
+        max_len = _checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
+        weights = prepare_weights(
+            cfg, load_checkpoint(root, cfg, progress=False, check_finite=config.check_weights), num, token_map
+        )
         spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
@@ -330,8 +335,28 @@ class Engine:
                 s, num_emitted, drafts = self._verify_and_draft(plan, logits, forward_ms)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
+        failed = self._fail_invalid(plan, logits, s) if self.spec is None else []
         events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
-        return self._token_events(plan, s, events, num_emitted)
+        return failed + self._token_events(plan, s, events, num_emitted)
+
+    def _fail_invalid(self, plan, logits: torch.Tensor, s: Samples) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """Fail alone each request whose logits hold NaN or inf or whose sampled id is outside the
+        vocabulary; its row gets a placeholder token, which the scheduler drops for an aborted request."""
+        vocab = self.cfg.text.vocab_size
+        finite = torch.isfinite(logits).all(dim=-1).cpu()
+        bad = ~finite | (s.tokens < 0) | (s.tokens >= vocab)
+        out = []
+        for i in torch.nonzero(bad).flatten().tolist():
+            rid = int(plan.sample_rids[i])
+            if rid in self.live and self.live[rid].finish is None:
+                cause = (
+                    "the model's logits hold NaN or inf"
+                    if not finite[i]
+                    else f"sampled token id {int(s.tokens[i])} is outside the vocabulary [0, {vocab})"
+                )
+                out.append(self._fail(rid, FloatingPointError(cause)))
+            s.tokens[i] = 0
+        return out
 
     def _token_events(self, plan, s: Samples, events, num_emitted=None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """The TokenEvents of a committed step's scheduler events (`s`: its samples on the host)."""
@@ -509,3 +534,13 @@ def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> S
     lp = torch.log_softmax(logits[rows.to(logits.device)].float(), -1).cpu()  # the samples are on the host
     logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
     return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)
+
+
+def _checked_max_len(requested: int, max_positions: int) -> int:
+    """max_model_len as configured; above the model's positions it is an error, never a silent cap."""
+    if requested > max_positions:
+        raise ValueError(
+            f"max_model_len: {requested}, expected at most {max_positions} "
+            "(the model's max_position_embeddings)"
+        )
+    return requested
