@@ -7,6 +7,7 @@ Every endpoint reads its body through `read_json`, so a new endpoint gets the sa
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -82,10 +83,6 @@ def json_depth(body: bytes) -> int:
     return int(np.cumsum(steps).max())
 
 
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number (JSON has no NaN or Infinity)")
-
-
 def _key_before(body: bytes, pos: int) -> str | None:
     """The object key nearest before byte `pos`: the field a JSON syntax error is most likely in."""
     keys = re.findall(rb'"([^"\\]{1,200})"\s*:', body[max(0, pos - 4096) : pos])
@@ -93,26 +90,27 @@ def _key_before(body: bytes, pos: int) -> str | None:
 
 
 def parse_json(body: bytes, limits: ServerLimits) -> Any:
-    """The parsed body; 400 naming the limit for too deep nesting or too long arrays, and naming the
-    position and nearest field for malformed JSON (NaN and Infinity included)."""
+    """The parsed body; 400 naming the limit for too deep nesting or too long arrays, the field of a
+    NaN or Infinity, and the position and nearest field of malformed JSON."""
     depth = json_depth(body)
     if depth > limits.max_json_depth:
         raise ApiError(
             400, f"request body: JSON nested {depth} levels deep, the limit is {limits.max_json_depth}"
         )
     try:
-        values = json.loads(body, parse_constant=_reject_constant)
+        values = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         pos = getattr(exc, "pos", None)
         field = _key_before(body, pos) if isinstance(pos, int) else None
         where = f" (in field {field!r})" if field else ""
         raise ApiError(400, f"invalid JSON request{where}: {exc}", field) from exc
-    _check_arrays(values, limits.max_array_items)
+    _check_values(values, limits.max_array_items)
     return values
 
 
-def _check_arrays(values: Any, limit: int) -> None:
-    """Every array at most `limit` items (iterative: the depth is bounded, the width need not be)."""
+def _check_values(values: Any, limit: int) -> None:
+    """Every array at most `limit` items, every number finite (Python's parser takes NaN and Infinity,
+    which JSON has not). Iterative: the depth is bounded, the width need not be."""
     todo: list[tuple[str, Any]] = [("", values)]
     while todo:
         path, value = todo.pop()
@@ -123,3 +121,8 @@ def _check_arrays(values: Any, limit: int) -> None:
                 field = path or "request body"
                 raise ApiError(400, f"{field}: an array of {len(value)} items, the limit is {limit}", path)
             todo.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            field = path or "request body"
+            raise ApiError(
+                400, f"{field}: {value}, expected a finite number (JSON has no NaN or Infinity)", path
+            )
