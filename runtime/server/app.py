@@ -28,7 +28,13 @@ from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
 from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.server.hooks import FAULT_FIELD, FORCED_FIELD, fault_after, forced_ids
 from dsgraph.runtime.server.lifecycle import Drain
-from dsgraph.runtime.server.limits import ServerLimits, parse_json, read_body
+from dsgraph.runtime.server.limits import (
+    TRIM_AFTER_BYTES,
+    ServerLimits,
+    parse_json,
+    read_body,
+    release_memory,
+)
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import Prepared, conversion_options, prepare
 
@@ -67,7 +73,13 @@ class ServerState:
         return await asyncio.get_running_loop().run_in_executor(self.pool, work)
 
     def _prepare(self, api: Api, body: bytes) -> tuple[Prepared, int | None]:
-        values = parse_json(body, self.limits)
+        try:
+            return self._prepare_values(api, parse_json(body, self.limits))
+        finally:
+            if len(body) >= TRIM_AFTER_BYTES:
+                release_memory()
+
+    def _prepare_values(self, api: Api, values: Any) -> tuple[Prepared, int | None]:
         engine_tok = self.loop.engine.tokenizer
         prep = prepare(api, values, self.options, self.recipe_tok, engine_tok, self.max_model_len)
         if self.allow_forced_outputs:
