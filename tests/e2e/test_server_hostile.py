@@ -123,6 +123,9 @@ def test_a_long_array_is_a_400_naming_the_field(server) -> None:  # type: ignore
         ("chat", {"reasoning_effort": "bogus"}, ["reasoning_effort: bogus", "expected one of"]),
         ("chat", {"messages": [{"role": "wizard", "content": "x"}]}, ["messages[0].role: wizard"]),
         ("chat", {"max_tokens": "5"}, ["max_tokens: '5' has type str"]),
+        ("chat", {"presence_penalty": "x"}, ["presence_penalty: x, expected a number"]),
+        ("chat", {"stream_options": {"include_usage": "yes"}}, ["stream_options.include_usage: yes"]),
+        ("chat", {"stop": 5}, ["stop: 5 has type int"]),
         ("responses", {"max_output_tokens": 0}, ["max_output_tokens: 0"]),
         ("messages", {"max_tokens": None}, ["max_tokens: required"]),
         ("messages", {"temperature": 1.5}, ["temperature: 1.5", "[0, 1]"]),
@@ -171,7 +174,12 @@ def test_seed_is_honoured_on_every_endpoint(server, api: str) -> None:  # type: 
     def text(seed: int) -> str:
         r = httpx.post(f"{url}{PATHS[api]}", json=good(api, temperature=1, seed=seed), timeout=30)
         assert r.status_code == 200, r.text
-        return r.text.split('"usage"')[0].split('"id"', 2)[-1].split(",", 1)[-1]  # past the response id
+        out = r.json()
+        if api == "chat":
+            return out["choices"][0]["message"]["content"]
+        if api == "responses":
+            return json.dumps([part for item in out["output"] for part in item.get("content", [])])
+        return json.dumps(out["content"])
 
     runs = {seed: text(seed) for seed in range(6)}
     assert text(3) == runs[3]  # the same seed, the same output
