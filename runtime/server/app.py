@@ -1,5 +1,6 @@
 """The ASGI app: POST /v1/chat/completions, /v1/responses, /v1/messages (each SSE or JSON; apis.py),
-GET /v1/models, /health, /metrics."""
+GET /v1/models, /health, /metrics. Bodies are read within limits.py's bounds and prepared on a thread
+pool; lifecycle.py drains the server."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from dsgraph.runtime.server.protocol import Prepared, conversion_options, prepar
 
 __all__ = ["FAULT_FIELD", "FORCED_FIELD", "ServerState", "create_app"]
 _FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the metrics count it
 
 
@@ -322,7 +324,9 @@ def create_app(
         """404 (no such path), 405 (wrong method): counted, answered in OpenAI's error shape."""
         state.metrics.requests.labels("none", str(exc.status_code)).inc()
         err = ApiError(
-            exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found"
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            code=_HTTP_CODES.get(exc.status_code, "invalid_request_error"),
         )
         return JSONResponse(err.body, status_code=exc.status_code, headers=exc.headers)
 
