@@ -37,7 +37,7 @@ from dsgraph.runtime.server.limits import (
     release_memory,
 )
 from dsgraph.runtime.server.metrics import Metrics
-from dsgraph.runtime.server.protocol import Prepared, conversion_options, prepare
+from dsgraph.runtime.server.protocol import Prepared, conversion_options, max_bytes_per_token, prepare
 
 __all__ = ["FAULT_FIELD", "FORCED_FIELD", "ServerState", "create_app"]
 _FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
@@ -65,6 +65,7 @@ class ServerState:
         self.max_model_len = engine.model.geo.max_model_len
         self.eos = engine.cfg.eos_token_id
         self.limits = limits = limits or ServerLimits()
+        self.bytes_per_token = max_bytes_per_token(engine.tokenizer)
         # parsing, rendering and tokenizing run here, so a large request never holds up the event loop
         self.pool = ThreadPoolExecutor(limits.prepare_workers, thread_name_prefix="dsgraph-prepare")
         self.drain = Drain()
@@ -83,7 +84,9 @@ class ServerState:
 
     def _prepare_values(self, api: Api, values: Any) -> tuple[Prepared, int | None]:
         engine_tok = self.loop.engine.tokenizer
-        prep = prepare(api, values, self.options, self.recipe_tok, engine_tok, self.max_model_len)
+        prep = prepare(
+            api, values, self.options, self.recipe_tok, engine_tok, self.max_model_len, self.bytes_per_token
+        )
         if self.allow_forced_outputs:
             prep = replace(prep, params=replace(prep.params, golden_token_ids=forced_ids(values)))
         return prep, fault_after(values) if self.allow_fault_injection else None

@@ -65,20 +65,52 @@ def convert(
     return conv, generator, extras
 
 
-def encode_prompt(conv: dr.ConversationRequest, recipe_tok: dr.Tokenizer, engine_tok: Tokenizer) -> list[int]:
-    """Token ids of the rendered prompt.
+def max_bytes_per_token(tok: Tokenizer) -> int | None:
+    """An upper bound on the UTF-8 bytes one token covers (4 per character of its longest token), so a
+    text of n bytes has at least n / bound tokens; None for a tokenizer that maps an unknown word of any
+    length to one token."""
+    if getattr(tok.model, "unk_token", None) is not None:
+        return None
+    return 4 * max(len(t) for t in tok.get_vocab(with_added_tokens=True))
+
+
+def _check_text_fits(text: str, context: int, bytes_per_token: int | None) -> None:
+    """400 for a rendered prompt surely longer than the context, before tokenizing it (which costs far
+    more memory than the text)."""
+    if bytes_per_token is None or len(text) * 4 <= context * bytes_per_token:
+        return  # too short to tell by its characters
+    size = len(text.encode())
+    if size > context * bytes_per_token:
+        raise ApiError(
+            400,
+            f"messages: the rendered prompt has {size} bytes, so at least {size // bytes_per_token} tokens; "
+            f"the context is {context} tokens",
+            "messages",
+        )
+
+
+def encode_prompt(
+    conv: dr.ConversationRequest,
+    recipe_tok: dr.Tokenizer,
+    engine_tok: Tokenizer,
+    context: int = 0,
+    bytes_per_token: int | None = None,
+) -> list[int]:
+    """Token ids of the rendered prompt; with `bytes_per_token` (max_bytes_per_token), a prompt surely
+    longer than `context` tokens is refused before tokenizing.
 
     The recipe encodes with the checkpoint's tokenizer when it holds DeepSeek's special tokens. Test
     checkpoints (the tiny model's 256-word vocabulary) lack them, so there the recipe's rendered text is
     tokenized by the engine's tokenizer instead (special-token spellings become unknown-word ids).
     """
     enc = dr.DeepseekV41Encoding()
+    text = enc.render_conversation(conv.conversation).prompt
+    _check_text_fits(text, context, bytes_per_token)
     try:
         return list(enc.with_tokenizer(recipe_tok).encode(conv.conversation))
     except RuntimeError as exc:
         if "not in the added vocabulary" not in str(exc):
             raise ApiError(400, f"prompt encoding failed: {exc}") from exc
-    text = enc.render_conversation(conv.conversation).prompt
     return list(engine_tok.encode(text, add_special_tokens=False).ids)
 
 
@@ -132,10 +164,11 @@ def prepare(
     recipe_tok: dr.Tokenizer,
     engine_tok: Tokenizer,
     max_model_len: int,
+    bytes_per_token: int | None = None,
 ) -> Prepared:
     """A parsed body (limits.parse_json) -> what the engine runs. Runs on the preparation pool."""
     conv, generator, extras = convert(api, values, options)
-    ids = encode_prompt(conv, recipe_tok, engine_tok)
+    ids = encode_prompt(conv, recipe_tok, engine_tok, max_model_len, bytes_per_token)
     if not ids:
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
     params = sampling_params(conv, extras, len(ids), max_model_len)
