@@ -273,16 +273,14 @@ def _route(app: FastAPI, state: ServerState, api: Api) -> None:
 
     async def handle(request: Request) -> Response:
         track = _Tracking(time.monotonic())
-        state.drain.in_flight += 1
         try:
-            resp = await _answer(state, api, request, track)
+            with state.drain.request():
+                resp = await _answer(state, api, request, track)
         except ApiError as exc:
             resp = JSONResponse(api.error_body(exc.body), status_code=exc.status)
         except Exception as exc:  # a server bug: this request gets the protocol's error, the server goes on
             err = _internal(exc)
             resp = JSONResponse(api.error_body(err.body), status_code=err.status)
-        finally:
-            state.drain.in_flight -= 1
         if resp is None:
             resp = Response(status_code=CLIENT_CLOSED)
         if isinstance(resp, StreamingResponse):  # counted when it ends: the client may leave mid-stream

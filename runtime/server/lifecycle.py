@@ -5,8 +5,10 @@ take the same path."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -19,20 +21,38 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
-        self.in_flight = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Around the handling of one request (its task is what a drain cancels after the grace period)."""
+        task = asyncio.current_task()
+        assert task is not None, "Drain.request runs inside a request handler"
+        self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
 
     def begin(self) -> None:
         """From now on new requests get 503 and /health says "draining"."""
         self.draining = True
 
-    async def drain(self, grace_s: float) -> bool:
-        """begin(), then wait up to `grace_s` for the requests in flight; True when none is left (those
-        left are cancelled by their server, which aborts them in the engine)."""
+    async def drain(self, grace_s: float) -> int:
+        """begin(), wait up to `grace_s` for the requests in flight, then cancel those left (which aborts
+        them in the engine); returns how many were cancelled."""
         self.begin()
         deadline = time.monotonic() + grace_s
-        while self.in_flight and time.monotonic() < deadline:
+        while self._tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return self.in_flight == 0
+        left = list(self._tasks)
+        for task in left:
+            task.cancel()
+        return len(left)
 
 
 class DrainingServer(uvicorn.Server):

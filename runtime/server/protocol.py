@@ -111,7 +111,9 @@ def encode_prompt(
     except RuntimeError as exc:
         if "not in the added vocabulary" not in str(exc):
             raise ApiError(400, f"prompt encoding failed: {exc}") from exc
-    return list(engine_tok.encode(text, add_special_tokens=False).ids)
+    # encode_batch releases the GIL (encode holds it throughout): other threads, the event loop among
+    # them, run while a long prompt is tokenized
+    return list(engine_tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
 
 def sampling_params(

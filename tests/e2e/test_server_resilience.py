@@ -5,6 +5,8 @@ shape while the server goes on serving."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -160,7 +162,7 @@ def test_sigterm_drains_requests_in_flight_then_closes_half_sent_connections() -
     app = _app()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
     srv = DrainingServer(config, app.state.server.drain)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -170,7 +172,7 @@ def test_sigterm_drains_requests_in_flight_then_closes_half_sent_connections() -
     lines: list[str] = []
 
     def stream() -> None:
-        body = good("chat", stream=True, max_tokens=40, ignore_eos=True, temperature=0)
+        body = good("chat", stream=True, max_tokens=20, ignore_eos=True, temperature=0)
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
             lines.extend(r.iter_lines())
 
@@ -184,7 +186,7 @@ def test_sigterm_drains_requests_in_flight_then_closes_half_sent_connections() -
     srv.handle_exit(15, None)  # what SIGTERM does
     thread.join(10)
     reader.join(10)
-    assert not thread.is_alive() and time.monotonic() - start < 6
+    assert not thread.is_alive() and time.monotonic() - start < 9
     assert app.state.server.drain.draining
     assert [line for line in lines if line][-1] == "data: [DONE]"  # the stream in flight finished in full
     # the half-sent request is cancelled (uvicorn answers 500 for the app that never responded) and its
@@ -252,3 +254,25 @@ def test_the_server_serves_after_the_random_bodies(server) -> None:  # type: ign
     wait_idle(state)
     still_serving(url)
     assert MESSAGES
+
+
+def test_drain_waits_for_requests_within_the_grace_period_then_cancels_the_rest() -> None:
+    from dsgraph.runtime.server.lifecycle import Drain
+
+    async def run() -> None:
+        drain = Drain()
+
+        async def request(seconds: float) -> None:
+            with drain.request():
+                await asyncio.sleep(seconds)
+
+        fast, slow = asyncio.create_task(request(0.05)), asyncio.create_task(request(30))
+        await asyncio.sleep(0)
+        assert drain.in_flight == 2 and not drain.draining
+        assert await drain.drain(0.5) == 1  # the slow one was cancelled, the fast one finished
+        assert drain.draining and fast.done() and not fast.cancelled()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slow
+        assert slow.cancelled() and drain.in_flight == 0
+
+    asyncio.run(run())
