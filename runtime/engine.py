@@ -340,17 +340,18 @@ class Engine:
         return failed + self._token_events(plan, s, events, num_emitted)
 
     def _fail_invalid(self, plan, logits: torch.Tensor, s: Samples) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        """Fail alone each request whose logits hold NaN or inf or whose sampled id is outside the
-        vocabulary; its row gets a placeholder token, which the scheduler drops for an aborted request."""
+        """Fail alone each request whose logits hold NaN or +inf or whose sampled id is outside the
+        vocabulary; its row gets a placeholder token, which the scheduler drops for an aborted request.
+        (-inf is a valid logit: that token is never sampled.)"""
         vocab = self.cfg.text.vocab_size
-        finite = torch.isfinite(logits).all(dim=-1).cpu()
+        finite = ~(torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).cpu()
         bad = ~finite | (s.tokens < 0) | (s.tokens >= vocab)
         out = []
         for i in torch.nonzero(bad).flatten().tolist():
             rid = int(plan.sample_rids[i])
             if rid in self.live and self.live[rid].finish is None:
                 cause = (
-                    "the model's logits hold NaN or inf"
+                    "the model's logits hold NaN or +inf"
                     if not finite[i]
                     else f"sampled token id {int(s.tokens[i])} is outside the vocabulary [0, {vocab})"
                 )

@@ -50,31 +50,51 @@ def _chat(url: str, content: str, **kw: object) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
 
 
-def test_nan_logits_fail_only_their_request(server) -> None:  # type: ignore[no-untyped-def]
+def _poison_rows(engine, plan, poison: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """The sample rows of `plan` whose request's prompt holds the token `poison`."""
+    rows = []
+    for i, rid in enumerate(plan.sample_rids.tolist()):
+        live = engine.live.get(int(rid))
+        if live is not None and poison in live.prompt:
+            rows.append(i)
+    return rows
+
+
+@pytest.mark.parametrize("fault", ["nan", "+inf", "token"])
+def test_invalid_logits_or_tokens_fail_only_their_request(server, fault: str) -> None:  # type: ignore[no-untyped-def]
     url, state = server
     engine = state.loop.engine
     poison = engine.tokenizer.token_to_id("W9")
     alone = [_chat(url, f"W3 W{k}", temperature=0).json()["choices"][0]["message"] for k in (4, 5, 6)]
-    run = engine._run
+    run, sample = engine._run, engine._sample
 
-    def poisoned(plan, fix=None):  # type: ignore[no-untyped-def]
+    def bad_logits(plan, fix=None):  # type: ignore[no-untyped-def]
         logits = run(plan, fix)
-        for i, rid in enumerate(plan.sample_rids.tolist()):
-            live = engine.live.get(int(rid))
-            if live is not None and poison in live.prompt:
-                logits[i] = float("nan")
+        for i in _poison_rows(engine, plan, poison):
+            logits[i, 7] = float("nan") if fault == "nan" else float("inf")
         return logits
 
-    engine._run = poisoned
+    def bad_tokens(plan, logits, to_host=True):  # type: ignore[no-untyped-def]
+        s = sample(plan, logits, to_host)
+        for i in _poison_rows(engine, plan, poison):
+            s.tokens[i] = engine.cfg.text.vocab_size + 5
+        return s
+
+    if fault == "token":
+        engine._sample = bad_tokens
+        cause = f"sampled token id {engine.cfg.text.vocab_size + 5} is outside the vocabulary"
+    else:
+        engine._run = bad_logits
+        cause = "the model's logits hold NaN or +inf"
     try:
         with ThreadPoolExecutor(4) as pool:
             bad = pool.submit(_chat, url, "W9 W9 W9", temperature=0)
             goods = [pool.submit(_chat, url, f"W3 W{k}", temperature=0) for k in (4, 5, 6)]
-            r = bad.result()
-            check_error("chat", r, 500, "the model's logits hold NaN or inf")
+            check_error("chat", bad.result(), 500, cause)
             assert [g.result().json()["choices"][0]["message"] for g in goods] == alone
     finally:
-        del engine._run
+        engine.__dict__.pop("_run", None)
+        engine.__dict__.pop("_sample", None)
     wait_idle(state)
     still_serving(url)
 
