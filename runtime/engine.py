@@ -47,6 +47,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 256
     page_size: int = 16
     cache_budget_bytes: int | None = None  # None: pages for max_num_seqs requests of max_model_len
+    # check every weight is finite at load (load_checkpoint names the first NaN/inf tensor); None: only
+    # for checkpoints up to checkpoint_io.FINITE_CHECK_BYTES
+    check_weights: bool | None = None
     # Prefix caching keeps the global (compressed) caches of earlier prompts and recomputes the last
     # `replay` tokens of a hit to rebuild SWA state, which is never cached (spec 5.6 item 1). "exact"
     # (default) replays window * layers tokens, which gives bit-for-bit the tokens of a cold run at the
@@ -161,10 +164,10 @@ class Engine:
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
         cfg = load_config(root)
         self.config, self.cfg = config, cfg
-        self.tokenizer = load_tokenizer(root)
+        self.tokenizer = load_tokenizer(root, cfg.text.vocab_size)
         token_map, _ = build_token_map(self.tokenizer)
         num = numerics_for(config.numerics)
-        max_len = min(config.max_model_len, cfg.text.max_position_embeddings)
+        max_len = _checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
         weights = _load_weights(root, cfg, config, num, token_map)
         spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
@@ -353,8 +356,29 @@ class Engine:
                 s, num_emitted, drafts = self._verify_and_draft(plan, logits, forward_ms)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
+        failed = self._fail_invalid(plan, logits, s) if self.spec is None else []
         events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
-        return self._token_events(plan, s, events, num_emitted)
+        return failed + self._token_events(plan, s, events, num_emitted)
+
+    def _fail_invalid(self, plan, logits: torch.Tensor, s: Samples) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """Fail alone each request whose logits hold NaN or +inf or whose sampled id is outside the
+        vocabulary; its row gets a placeholder token, which the scheduler drops for an aborted request.
+        (-inf is a valid logit: that token is never sampled.)"""
+        vocab = self.cfg.text.vocab_size
+        finite = ~(torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).cpu()
+        bad = ~finite | (s.tokens < 0) | (s.tokens >= vocab)
+        out = []
+        for i in torch.nonzero(bad).flatten().tolist():
+            rid = int(plan.sample_rids[i])
+            if rid in self.live and self.live[rid].finish is None:
+                cause = (
+                    "the model's logits hold NaN or +inf"
+                    if not finite[i]
+                    else f"sampled token id {int(s.tokens[i])} is outside the vocabulary [0, {vocab})"
+                )
+                out.append(self._fail(rid, FloatingPointError(cause)))
+            s.tokens[i] = 0
+        return out
 
     def _token_events(self, plan, s: Samples, events, num_emitted=None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """The TokenEvents of a committed step's scheduler events (`s`: its samples on the host)."""
@@ -524,7 +548,8 @@ def _load_weights(
         from dsgraph.runtime.dummy_weights import dummy_weights
 
         return dummy_weights(cfg, num, token_map, device=config.platform)
-    return prepare_weights(cfg, load_checkpoint(root, cfg, progress=True), num, token_map)
+    checkpoint = load_checkpoint(root, cfg, progress=True, check_finite=config.check_weights)
+    return prepare_weights(cfg, checkpoint, num, token_map)
 
 
 def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:
@@ -555,3 +580,13 @@ def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> S
     lp = torch.log_softmax(logits[rows.to(logits.device)].float(), -1).cpu()  # the samples are on the host
     logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
     return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)
+
+
+def _checked_max_len(requested: int, max_positions: int) -> int:
+    """max_model_len as configured; above the model's positions it is an error, never a silent cap."""
+    if requested > max_positions:
+        raise ValueError(
+            f"max_model_len: {requested}, expected at most {max_positions} "
+            "(the model's max_position_embeddings)"
+        )
+    return requested

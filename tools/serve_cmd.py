@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--allowed-origins", nargs="*", default=[], help="CORS: origins browsers may call from ('*': any)"
     )
     add_engine_args(p)
+    _add_limits(p)
     p.set_defaults(func=main)
 
 
@@ -42,33 +43,81 @@ def _logging() -> None:
     log.propagate = False
 
 
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    from dsgraph.runtime.server.lifecycle import DEFAULT_GRACE_S
+    from dsgraph.runtime.server.limits import ServerLimits
+
+    d = ServerLimits()
+    p.add_argument("--max-request-body-bytes", type=int, default=d.max_body_bytes, help="larger: 413")
+    p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deeper request JSON: 400")
+    p.add_argument("--max-json-array-items", type=int, default=d.max_array_items, help="longer arrays: 400")
+    p.add_argument(
+        "--prepare-workers", type=int, default=d.prepare_workers, help="request preparation threads"
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="seconds SIGTERM waits for requests in flight before closing every connection",
+    )
+    p.add_argument("--enable-openapi", action="store_true", help="serve /openapi.json (off by default)")
+    p.add_argument(
+        "--check-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="check every weight is finite at load (default: only for checkpoints up to 2 GiB)",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     from dsgraph.runtime.engine import Engine, EngineConfig
     from dsgraph.runtime.server.app import create_app
+    from dsgraph.runtime.server.lifecycle import DrainingServer
+    from dsgraph.runtime.server.limits import ServerLimits
     from dsgraph.runtime.server.protocol import recipe_tokenizer
+
+    limits = ServerLimits(
+        max_body_bytes=args.max_request_body_bytes,
+        max_json_depth=args.max_json_depth,
+        max_array_items=args.max_json_array_items,
+        prepare_workers=args.prepare_workers,
+    )
 
     root = Path(args.model) if args.model else default_model_dir()
     if not args.model:
         print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
     try:
-        engine = Engine(root, EngineConfig(**engine_kwargs(args)))
+        config = EngineConfig(**engine_kwargs(args), check_weights=args.check_weights)
+        engine = Engine(root, config)
     except (ValueError, FileNotFoundError) as exc:  # a bad option or an absent device: one clear line
         print(f"dsgraph serve: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or root.name
+    tok = recipe_tokenizer(root, engine.cfg.text.vocab_size)
     app = create_app(
         engine,
         name,
-        recipe_tokenizer(root),
+        tok,
         thinking=args.thinking,
         api_key=args.api_key,
         allowed_origins=args.allowed_origins,
+        limits=limits,
+        enable_openapi=args.enable_openapi,
     )
     _logging()
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+    )
+    server = DrainingServer(uv_config, app.state.server.drain)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+        server.run()
     finally:
-        app.state.server.loop.close()
+        app.state.server.close()
     return 0

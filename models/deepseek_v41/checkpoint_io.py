@@ -35,6 +35,7 @@ Weights = Literal["stored", "bf16", "f32"]
 INDEX_NAME = "model.safetensors.index.json"
 _SINGLE_NAME = "model.safetensors"
 _SHOWN_IN_FULL = 20
+FINITE_CHECK_BYTES = 2 << 30  # checkpoints up to this size are checked for NaN/inf weights by default
 
 _DTYPES: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -103,14 +104,21 @@ def _owning(t: Tensor) -> Tensor:
 
 
 def load_checkpoint(
-    model_dir: str | Path, cfg: ModelConfig, *, weights: Weights = "stored", progress: bool = True
+    model_dir: str | Path,
+    cfg: ModelConfig,
+    *,
+    weights: Weights = "stored",
+    progress: bool = True,
+    check_finite: bool | None = None,
 ) -> dict[str, Tensor]:
     """Load and check a checkpoint directory.
 
     "stored" returns every tensor as stored (quantized weights with their `.scale` companions);
     "bf16"/"f32" dequantize FP8 blocks, FP4 rows and FP8 rows into that dtype and drop the scales;
     "f32" also upcasts the plain BF16 tensors (lossless), "bf16" keeps plain tensors as stored (the FP32
-    ones are FP32 by design). Vision tensors are skipped.
+    ones are FP32 by design). Vision tensors are skipped. `check_finite` checks that every floating
+    tensor is finite (CheckpointError naming the first that is not); None: only for checkpoints up to
+    FINITE_CHECK_BYTES, where the pass costs little.
     """
     if weights not in ("stored", "bf16", "f32"):
         raise ValueError(f"weights: {weights!r} is not one of ('stored', 'bf16', 'f32')")
@@ -123,6 +131,8 @@ def load_checkpoint(
         raise CheckpointError(root, problems)
     show = progress and sys.stderr.isatty()
     stored = _read_tensors(root, weight_map, expected, show)
+    if check_finite or check_finite is None and _nbytes(stored) <= FINITE_CHECK_BYTES:
+        _check_finite(root, stored, weight_map)
     if weights == "stored":
         return stored
     block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
@@ -132,14 +142,38 @@ def load_checkpoint(
 def _weight_map(root: Path) -> dict[str, str]:
     index = root / INDEX_NAME
     if index.is_file():
-        data = json.loads(index.read_text())
-        if not isinstance(data.get("weight_map"), dict):
+        try:
+            data = json.loads(index.read_text())
+        except ValueError as exc:  # malformed JSON or not UTF-8
+            raise CheckpointError(root, [f"{INDEX_NAME}: not valid JSON: {exc}"]) from exc
+        if not isinstance(data, dict) or not isinstance(data.get("weight_map"), dict):
             raise CheckpointError(root, [f"{INDEX_NAME}: no 'weight_map' object"])
+        bad = [k for k, v in data["weight_map"].items() if not isinstance(v, str) or Path(v).name != v]
+        if bad:
+            raise CheckpointError(
+                root,
+                [
+                    f"{INDEX_NAME}: tensor {k}: shard name {data['weight_map'][k]!r} "
+                    "is not a file name in the checkpoint directory"
+                    for k in bad
+                ],
+            )
         return {k: v for k, v in data["weight_map"].items() if not is_vision_tensor(k)}
     if (root / _SINGLE_NAME).is_file():
-        with safe_open(str(root / _SINGLE_NAME), framework="pt") as f:
-            return {k: _SINGLE_NAME for k in f.keys() if not is_vision_tensor(k)}
+        keys, problem = _shard_keys(root, _SINGLE_NAME)
+        if problem:
+            raise CheckpointError(root, [problem])
+        return {k: _SINGLE_NAME for k in keys if not is_vision_tensor(k)}
     raise CheckpointError(root, [f"neither {INDEX_NAME} nor {_SINGLE_NAME} exists"])
+
+
+def _shard_keys(root: Path, file: str) -> tuple[list[str], str | None]:
+    """A shard's tensor names, or the problem that its header cannot be read."""
+    try:
+        with safe_open(str(root / file), framework="pt") as f:
+            return list(f.keys()), None
+    except Exception as exc:  # safetensors raises its own SafetensorError (and OSError) for a bad file
+        return [], f"shard {file}: cannot read its safetensors header: {exc}"
 
 
 def _read_headers(
@@ -152,17 +186,49 @@ def _read_headers(
         if not (root / file).is_file():
             problems.append(f"shard {file} (listed in {INDEX_NAME}) does not exist")
             continue
-        with safe_open(str(root / file), framework="pt") as f:
-            present = set(f.keys())
-            for name in sorted(n for n, s in weight_map.items() if s == file):
-                if name not in present:
-                    problems.append(
-                        f"tensor {name}: listed in {file} by {INDEX_NAME} but absent from that shard"
-                    )
-                    continue
-                sl = f.get_slice(name)
-                headers[name] = (tuple(sl.get_shape()), sl.get_dtype())
+        try:
+            problems += _shard_header(root, file, weight_map, headers)
+        except Exception as exc:  # a header that lists a tensor it cannot describe
+            problems.append(f"shard {file}: cannot read its safetensors header: {exc}")
     return headers, problems
+
+
+def _shard_header(
+    root: Path, file: str, weight_map: dict[str, str], headers: dict[str, tuple[tuple[int, ...], str]]
+) -> list[str]:
+    problems = []
+    listed = {n for n, s in weight_map.items() if s == file}
+    size = (root / file).stat().st_size
+    with safe_open(str(root / file), framework="pt") as f:
+        present = set(f.keys())
+        for name in sorted(listed):
+            if name not in present:
+                problems.append(f"tensor {name}: listed in {file} by {INDEX_NAME} but absent from that shard")
+                continue
+            sl = f.get_slice(name)
+            headers[name] = (tuple(sl.get_shape()), sl.get_dtype())
+        for name in sorted(present - listed):
+            if not is_vision_tensor(name) and weight_map.get(name) != file:
+                problems.append(f"tensor {name}: in shard {file} but not listed there by {INDEX_NAME}")
+    end = _data_end(root / file)
+    if end is not None and end > size:
+        problems.append(f"shard {file}: truncated: its header needs {end} bytes, the file has {size}")
+    return problems
+
+
+def _data_end(path: Path) -> int | None:
+    """The byte where a shard's tensor data ends according to its header (None if unreadable)."""
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return None
+        n = int.from_bytes(head, "little")
+        try:
+            meta = json.loads(fh.read(n))
+        except ValueError:
+            return None
+    ends = [v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__" and "data_offsets" in v]
+    return 8 + n + max(ends, default=0)
 
 
 def _compare(expected: dict[str, TensorSpec], found: dict[str, tuple[tuple[int, ...], str]]) -> list[str]:
@@ -194,9 +260,33 @@ def _read_tensors(
         for file, names in by_file.items():
             with safe_open(str(root / file), framework="pt") as f:
                 for name in names:
-                    out[name] = f.get_tensor(name)
+                    try:
+                        out[name] = f.get_tensor(name)
+                    except Exception as exc:  # SafetensorError: the payload cannot be read
+                        raise CheckpointError(root, [f"shard {file}: tensor {name}: {exc}"]) from exc
                     bar.update(1)
     return {name: out[name] for name in expected}
+
+
+def _nbytes(tensors: dict[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _check_finite(root: Path, tensors: dict[str, Tensor], weight_map: dict[str, str]) -> None:
+    """CheckpointError naming the first floating tensor (in load order) holding NaN or inf."""
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            continue
+        # float8 has no isfinite kernel: check in a wider type, a slice at a time to bound the copy
+        flat = t.reshape(-1)
+        for start in range(0, flat.numel(), 1 << 24):
+            part = flat[start : start + (1 << 24)]
+            part = part.float() if part.element_size() == 1 else part
+            if not bool(torch.isfinite(part).all()):
+                bad = int((~torch.isfinite(part)).nonzero()[0, 0]) + start
+                raise CheckpointError(
+                    root, [f"tensor {name} (in {weight_map[name]}): non-finite value at flat index {bad}"]
+                )
 
 
 def _dequantize(

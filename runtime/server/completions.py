@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from dsgraph.runtime.engine import TokenEvent
 from dsgraph.runtime.sampling_params import RequestError, completion_seed
 from dsgraph.runtime.server.completions_request import CompletionRequest, parse_completion
 from dsgraph.runtime.server.engine_loop import EngineDead
+from dsgraph.runtime.server.limits import parse_json, read_body
 from dsgraph.runtime.server.protocol import ApiError
 from dsgraph.runtime.server.request_log import Tracking, track_request
 
@@ -219,10 +221,11 @@ async def _sse(call: _Call, choices: list[_Choice]) -> AsyncIterator[str]:
 
 async def _serve(state: ServerState, raw: bytes, track: Tracking) -> Response:
     engine = state.loop.engine
-    model = _model(raw)
+    body = parse_json(raw, state.limits)
+    model = _model(body)
     if model is not None and model != state.model_name:
         raise ApiError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
-    req = parse_completion(raw, engine.tokenizer, state.max_model_len, engine.cfg.text.vocab_size)
+    req = parse_completion(body, engine.tokenizer, state.max_model_len, engine.cfg.text.vocab_size)
     track.prompt_tokens = sum(len(p) for p in req.prompts)
     state.metrics.prompt_tokens.inc(track.prompt_tokens)
     call = _Call(state, req, track)
@@ -235,11 +238,7 @@ async def _serve(state: ServerState, raw: bytes, track: Tracking) -> Response:
     return StreamingResponse(_sse(call, choices), media_type="text/event-stream")
 
 
-def _model(raw: bytes) -> str | None:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
+def _model(body: Any) -> str | None:
     return body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None
 
 
@@ -250,8 +249,11 @@ def add_completions(app: FastAPI, state: ServerState) -> None:
     async def completions(request: Request) -> Response:
         track = track_request(request.scope)
         try:
-            work = _serve(state, await request.body(), track)
+            raw = await read_body(request.stream(), request.headers.get("content-length"), state.limits)
+            work = _serve(state, raw, track)
             resp = await server_app._unless_disconnected(request, work)
+        except ClientDisconnect:  # left while sending its body: counted as 499 below
+            resp = None
         except ApiError as exc:
             resp = JSONResponse(exc.body, status_code=exc.status)
         except Exception as exc:  # a server bug: this request gets an error, the server goes on

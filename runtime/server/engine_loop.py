@@ -56,7 +56,8 @@ class EngineLoop:
         self._sinks: dict[int, Callable[[TokenEvent], None]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="dsgraph-engine", daemon=True)
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # set while the loop is down
+        self.restarts = 0  # times the loop recovered from a failure
         self._num_slots = engine.scheduler.native.config.num_slots
         self.usage = self._usage()
         self._thread.start()
@@ -79,7 +80,7 @@ class EngineLoop:
         """Queue a request; RequestError (bad params, long prompt) is raised here and nothing is queued;
         EngineDead when the engine thread has stopped."""
         if self.error is not None:
-            raise EngineDead(f"the engine stopped: {self.error!r}")
+            raise EngineDead(f"the engine is down ({type(self.error).__name__}); retry later")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         rid = next(self._ids)
@@ -118,29 +119,60 @@ class EngineLoop:
         cmd.done.set_result(None)
 
     def _run(self) -> None:
-        try:
-            while True:
-                try:  # block only when there is nothing to step
-                    cmd = self._commands.get(block=not self.engine.has_unfinished)
-                except queue.Empty:
-                    self._step()
-                    self.usage = self._usage()
-                    continue
-                if cmd is None:
+        """Serve commands; if serving raises (an engine bug, not one request's failure, which the engine
+        isolates itself), every request in flight gets an error event, the engine drops them all, and
+        serving starts over (queued requests wait for it). Only a failure to recover leaves the loop dead
+        (`error` stays set)."""
+        while True:
+            try:
+                if self._serve():
                     return
-                self._apply(cmd)
-                self.usage = self._usage()
-        except BaseException as exc:  # a dead loop must be visible: /health reports it
-            self.error = exc
-            self._fail_all(exc)
-            raise
+            except BaseException as exc:
+                self.error = exc
+                self._fail_running(exc)
+                try:
+                    self._reset_engine()
+                except BaseException:
+                    self._fail_queued(exc)
+                    return  # dead for good: add() raises EngineDead, /health reports it
+                self.restarts += 1
+                self.error = None  # queued adds are served by the restarted loop
 
-    def _fail_all(self, exc: BaseException) -> None:
-        """Every request in flight or queued gets an error instead of waiting forever."""
-        message = f"the engine stopped: {exc!r}"
+    def _serve(self) -> bool:
+        """Step and apply commands; True when closed."""
+        while True:
+            try:  # block only when there is nothing to step
+                cmd = self._commands.get(block=not self.engine.has_unfinished)
+            except queue.Empty:
+                self._step()
+                self.usage = self._usage()
+                continue
+            if cmd is None:
+                return True
+            self._apply(cmd)
+            self.usage = self._usage()
+
+    def _reset_engine(self) -> None:
+        """Abort and release every request the engine holds, then step once so the scheduler frees them."""
+        for rid in list(self.engine.live):
+            self.engine.abort(rid)
+            self.engine.release(rid)
+        for _ in range(4):  # an abort is reported by an otherwise empty step, after the plan in flight
+            if not self.engine.has_unfinished:
+                break
+            self.engine.step()
+        self.usage = self._usage()
+
+    def _fail_running(self, exc: BaseException) -> None:
+        """Every request in the engine gets an error event instead of waiting forever."""
+        message = f"the engine failed ({type(exc).__name__}: {exc}) and dropped every request in flight"
         for sink in self._sinks.values():
             sink(TokenEvent(-1, -1, "", 0.0, [], True, "error", 0, message))
         self._sinks.clear()
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        """The loop is dead for good: every queued add is refused (EngineDead)."""
+        message = f"the engine is down ({type(exc).__name__})"
         while True:
             try:
                 cmd = self._commands.get_nowait()

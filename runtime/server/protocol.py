@@ -11,40 +11,11 @@ from typing import Any
 import deepseek_recipe as dr
 from tokenizers import Tokenizer
 
+from dsgraph.models.deepseek_v41.engram_map import tokenizer_path
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
-
-
-class ApiError(Exception):
-    """A request the server refuses; `body` is the protocol's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": {"message": message, "type": kind, "param": param, "code": code or kind}}
-
-    @classmethod
-    def internal(cls, message: str, status: int = 500) -> ApiError:
-        """A failure on the server's side (OpenAI's "server_error"; Anthropic's "api_error")."""
-        return cls(
-            status, message, code="internal_error" if status == 500 else "unavailable", kind="server_error"
-        )
-
-    @classmethod
-    def from_conversion(cls, exc: dr.ConversionError) -> ApiError:
-        err = cls(int(exc.status_code), str(exc))
-        try:
-            err.body = json.loads(exc.body)
-        except ValueError:
-            pass  # keep our own body when the recipe's is not JSON
-        return err
+from dsgraph.runtime.server.errors import ApiError
+from dsgraph.runtime.server.fields import Extras, check_bounds, name_recipe_error, take_extras
 
 
 @dataclass(frozen=True)
@@ -65,13 +36,7 @@ def conversion_options(model_name: str, thinking: bool) -> dr.ConversionOptions:
     )
 
 
-def _check_types(body: bytes | dict[str, Any], scalars: dict[str, tuple[type, ...]]) -> None:
-    try:
-        values = json.loads(body) if isinstance(body, bytes) else body
-    except ValueError:
-        return  # the recipe reports malformed JSON
-    if not isinstance(values, dict):
-        return
+def _check_types(values: dict[str, Any], scalars: dict[str, tuple[type, ...]]) -> None:
     for key, types in scalars.items():
         value = values.get(key)
         if value is None:
@@ -82,38 +47,80 @@ def _check_types(body: bytes | dict[str, Any], scalars: dict[str, tuple[type, ..
 
 
 def convert(
-    api: Api, body: bytes | dict[str, Any], options: dr.ConversionOptions
-) -> tuple[dr.ConversationRequest, GeneratorFactory]:
-    """The recipe's conversion; its ValueError (bad JSON, missing/mistyped field) becomes a 400."""
-    _check_types(body, api.scalars)
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    api: Api, values: Any, options: dr.ConversionOptions
+) -> tuple[dr.ConversationRequest, GeneratorFactory, Extras]:
+    """The recipe's conversion of a parsed body (limits.parse_json) after the server's own checks (types,
+    ranges, required fields); the recipe's errors become 400s naming the field."""
+    if not isinstance(values, dict):
+        raise ApiError(400, f"request body: a JSON {type(values).__name__}, expected an object")
+    _check_types(values, api.scalars)
+    check_bounds(api.name, values)
+    body, extras = take_extras(api.name, values)
     try:
-        return api.open(raw, options)
+        conv, generator = api.open(json.dumps(body).encode(), options)
     except dr.ConversionError as exc:
         raise ApiError.from_conversion(exc) from exc
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise name_recipe_error(str(exc), values) from exc
+    return conv, generator, extras
 
 
-def encode_prompt(conv: dr.ConversationRequest, recipe_tok: dr.Tokenizer, engine_tok: Tokenizer) -> list[int]:
-    """Token ids of the rendered prompt.
+def max_bytes_per_token(tok: Tokenizer) -> int | None:
+    """An upper bound on the UTF-8 bytes one token covers (4 per character of its longest token), so a
+    text of n bytes has at least n / bound tokens; None for a tokenizer that maps an unknown word of any
+    length to one token."""
+    if getattr(tok.model, "unk_token", None) is not None:
+        return None
+    return 4 * max(len(t) for t in tok.get_vocab(with_added_tokens=True))
+
+
+def _check_text_fits(text: str, context: int, bytes_per_token: int | None) -> None:
+    """400 for a rendered prompt surely longer than the context, before tokenizing it (which costs far
+    more memory than the text)."""
+    if bytes_per_token is None or len(text) * 4 <= context * bytes_per_token:
+        return  # too short to tell by its characters
+    size = len(text.encode())
+    if size > context * bytes_per_token:
+        raise ApiError(
+            400,
+            f"messages: the rendered prompt has {size} bytes, so at least {size // bytes_per_token} tokens; "
+            f"the context is {context} tokens",
+            "messages",
+        )
+
+
+def encode_prompt(
+    conv: dr.ConversationRequest,
+    recipe_tok: dr.Tokenizer,
+    engine_tok: Tokenizer,
+    context: int = 0,
+    bytes_per_token: int | None = None,
+) -> list[int]:
+    """Token ids of the rendered prompt; with `bytes_per_token` (max_bytes_per_token), a prompt surely
+    longer than `context` tokens is refused before tokenizing.
 
     The recipe encodes with the checkpoint's tokenizer when it holds DeepSeek's special tokens. Test
     checkpoints (the tiny model's 256-word vocabulary) lack them, so there the recipe's rendered text is
     tokenized by the engine's tokenizer instead (special-token spellings become unknown-word ids).
     """
     enc = dr.DeepseekV41Encoding()
+    text = enc.render_conversation(conv.conversation).prompt
+    _check_text_fits(text, context, bytes_per_token)
     try:
         return list(enc.with_tokenizer(recipe_tok).encode(conv.conversation))
     except RuntimeError as exc:
         if "not in the added vocabulary" not in str(exc):
             raise ApiError(400, f"prompt encoding failed: {exc}") from exc
-    text = enc.render_conversation(conv.conversation).prompt
-    return list(engine_tok.encode(text, add_special_tokens=False).ids)
+    # encode_batch releases the GIL (encode holds it throughout): other threads, the event loop among
+    # them, run while a long prompt is tokenized
+    return list(engine_tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
 
-def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams from the recipe's inference options; max_tokens resolved against the context."""
+def sampling_params(
+    conv: dr.ConversationRequest, extras: Extras, prompt_len: int, max_model_len: int
+) -> SamplingParams:
+    """SamplingParams from the recipe's inference options and the server's extras; max_tokens resolved
+    against the context (the smaller of the recipe's and `max_completion_tokens` wins)."""
     opts = conv.inference_options
     # A "tool_call" constraint (tools offered, tool_choice auto) is advisory here: the model writes DSML
     # tool calls itself and the recipe's parser extracts them. Grammar-constrained output is not built yet.
@@ -127,37 +134,52 @@ def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len
         max_tokens = conv.resolve_max_tokens(prompt_len, max_model_len - 1)
     except dr.ConversionError as exc:
         raise ApiError.from_conversion(exc) from exc
+    if extras.max_tokens is not None:
+        _check_context(prompt_len, extras.max_tokens, max_model_len - 1)
+        max_tokens = min(max_tokens, extras.max_tokens)
     top = opts.top_logprobs or 0
     return SamplingParams(
         temperature=1.0 if opts.temperature is None else float(opts.temperature),
         top_p=1.0 if opts.top_p is None else float(opts.top_p),
         max_tokens=max_tokens,
         stop=tuple(conv.parsing_options.stop_sequences),
-        seed=opts.seed,
+        seed=extras.seed,
         logprobs=int(top) if opts.logprobs or top else None,
     )
 
 
+def _check_context(prompt_len: int, max_tokens: int, context: int) -> None:
+    if prompt_len + max_tokens > context:
+        raise ApiError(
+            400,
+            f"max_completion_tokens: {max_tokens}, expected at most {max(context - prompt_len, 0)} "
+            f"(the context is {context} tokens, the prompt {prompt_len})",
+            "max_completion_tokens",
+        )
+
+
 def prepare(
     api: Api,
-    body: bytes,
+    values: Any,
     options: dr.ConversionOptions,
     recipe_tok: dr.Tokenizer,
     engine_tok: Tokenizer,
     max_model_len: int,
+    bytes_per_token: int | None = None,
 ) -> Prepared:
-    conv, generator = convert(api, body, options)
-    ids = encode_prompt(conv, recipe_tok, engine_tok)
+    """A parsed body (limits.parse_json) -> what the engine runs. Runs on the preparation pool."""
+    conv, generator, extras = convert(api, values, options)
+    ids = encode_prompt(conv, recipe_tok, engine_tok, max_model_len, bytes_per_token)
     if not ids:
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
-    return Prepared(conv, ids, sampling_params(conv, len(ids), max_model_len), conv.stream, generator)
+    params = sampling_params(conv, extras, len(ids), max_model_len)
+    return Prepared(conv, ids, params, conv.stream, generator)
 
 
-def recipe_tokenizer(model_dir: str | Path) -> dr.Tokenizer:
+def recipe_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> dr.Tokenizer:
     """The recipe's tokenizer over the same `tokenizer.json` the engine loads (same fallback)."""
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        from dsgraph.models.deepseek_v41.tokenizer_fixture import deepseek_tokenizer_path
-
-        path = deepseek_tokenizer_path()
-    return dr.Tokenizer.from_file(str(path))
+    path = tokenizer_path(model_dir, vocab_size)
+    try:
+        return dr.Tokenizer.from_file(str(path))
+    except Exception as exc:  # the recipe raises plain exceptions for a malformed file
+        raise ValueError(f"{path}: not a valid tokenizer.json: {exc}") from exc

@@ -30,7 +30,7 @@ def serving(app: Any) -> Iterator[str]:
     finally:
         srv.should_exit = True
         thread.join(10)
-        app.state.server.loop.close()
+        app.state.server.close()
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -125,7 +125,12 @@ BAD = [
         "object",
     ),
     ("tool names repeated", _body(tools=[_tool(), _tool()]), 400, "unique"),
-    ("tools not a list", _body(tools={"name": "f"}), 400, "expected a sequence"),
+    (
+        "tools not a list",
+        _body(tools={"name": "f"}),
+        400,
+        "tools: {'name': 'f'} has type dict, expected list",
+    ),
     ("tool of an unknown type", _body(tools=[{"type": "search", "function": {"name": "f"}}]), 400, "search"),
 ]
 

@@ -1,0 +1,73 @@
+"""Draining: the server stops taking requests, lets those in flight finish within a grace period, then
+closes what is left. SIGTERM (DrainingServer) and an explicit drain (`Drain.drain`, for an admin endpoint)
+take the same path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+DEFAULT_GRACE_S = 30.0  # as Kubernetes' default terminationGracePeriodSeconds
+
+
+class Drain:
+    """In-flight request count and the draining flag of one server (touched on its event loop only)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Around the handling of one request (its task is what a drain cancels after the grace period)."""
+        task = asyncio.current_task()
+        assert task is not None, "Drain.request runs inside a request handler"
+        self._tasks.add(task)
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
+
+    def begin(self) -> None:
+        """From now on new requests get 503 and /health says "draining"."""
+        self.draining = True
+
+    async def drain(self, grace_s: float) -> int:
+        """begin(), wait up to `grace_s` for the requests in flight, then cancel those left (which aborts
+        them in the engine); returns how many were cancelled."""
+        self.begin()
+        deadline = time.monotonic() + grace_s
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self._tasks)
+        for task in left:
+            task.cancel()
+        return len(left)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server whose shutdown (SIGTERM, SIGINT) drains first: new requests on open connections
+    get 503 while uvicorn waits `timeout_graceful_shutdown` for those in flight, cancels the rest, and
+    the connections still open (idle, or a client still sending its body) are closed."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.drain.begin()
+        await super().shutdown(sockets)
+        for connection in list(self.server_state.connections):
+            transport: Any = getattr(connection, "transport", None)
+            if transport is not None:
+                transport.close()
