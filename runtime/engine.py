@@ -164,9 +164,7 @@ class Engine:
         curve = None
         if spec.enabled:
             self.spec, curve = setup_spec(spec, self, weights)
-        # a verify step walks a grammar through the emitted tokens and the next drafts (2 blocks)
-        rollback = 0 if self.spec is None else 2 * self.spec.nextn + 1
-        self.structured = StructuredState(self.tokenizer, cfg.text.vocab_size, [cfg.eos_token_id], rollback)
+        self.structured = StructuredState(self.tokenizer, cfg.text.vocab_size, [cfg.eos_token_id])
         if self.spec is not None:
             self.spec.structured = self.structured
         self.scheduler = Scheduler(

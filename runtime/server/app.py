@@ -23,6 +23,7 @@ from dsgraph.runtime.server.apis import APIS, Api, Event
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import ApiError, Prepared, conversion_options, prepare
+from dsgraph.runtime.server.structured_format import wait_grammar
 
 # Test hooks, off by default (the fields are then ignored). With `create_app(..., allow_forced_outputs=True)`
 # a request body may carry FORCED_FIELD, token ids the engine emits instead of sampling
@@ -82,6 +83,7 @@ async def _add(
     state: ServerState, prep: Prepared, fault_after: int | None
 ) -> tuple[int, asyncio.Queue[TokenEvent]]:
     try:
+        await wait_grammar(state.loop.engine, prep.params)
         return await state.loop.add(prep.prompt_ids, prep.params, fault_after)
     except RequestError as exc:
         raise ApiError(400, str(exc), exc.field) from exc

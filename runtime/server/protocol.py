@@ -13,6 +13,8 @@ from tokenizers import Tokenizer
 
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
+from dsgraph.runtime.server.structured_format import request_constraint
+from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 
 class ApiError(Exception):
@@ -112,16 +114,15 @@ def encode_prompt(conv: dr.ConversationRequest, recipe_tok: dr.Tokenizer, engine
     return list(engine_tok.encode(text, add_special_tokens=False).ids)
 
 
-def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
-    """SamplingParams from the recipe's inference options; max_tokens resolved against the context."""
+def sampling_params(
+    conv: dr.ConversationRequest,
+    prompt_len: int,
+    max_model_len: int,
+    structured: StructuredOutputsParams | None = None,
+) -> SamplingParams:
+    """SamplingParams from the recipe's inference options; max_tokens resolved against the context;
+    `structured`: the output constraint (structured_format.py)."""
     opts = conv.inference_options
-    # A "tool_call" constraint (tools offered, tool_choice auto) is advisory here: the model writes DSML
-    # tool calls itself and the recipe's parser extracts them. Grammar-constrained output is not built yet.
-    if opts.output_constraint is not None and opts.output_constraint.kind != "tool_call":
-        kind = opts.output_constraint.kind
-        raise ApiError(
-            400, f"response_format: constrained output ({kind}) is not supported yet", "response_format"
-        )
     # the engine needs one free position after the prompt, so its context is one shorter than max_model_len
     try:
         max_tokens = conv.resolve_max_tokens(prompt_len, max_model_len - 1)
@@ -136,6 +137,7 @@ def sampling_params(conv: dr.ConversationRequest, prompt_len: int, max_model_len
         seed=opts.seed,
         logprobs=bool(opts.logprobs),
         top_logprobs=int(top),
+        structured_outputs=structured,
     )
 
 
@@ -151,7 +153,9 @@ def prepare(
     ids = encode_prompt(conv, recipe_tok, engine_tok)
     if not ids:
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
-    return Prepared(conv, ids, sampling_params(conv, len(ids), max_model_len), conv.stream, generator)
+    structured = request_constraint(api, body, conv)
+    params = sampling_params(conv, len(ids), max_model_len, structured)
+    return Prepared(conv, ids, params, conv.stream, generator)
 
 
 def recipe_tokenizer(model_dir: str | Path) -> dr.Tokenizer:

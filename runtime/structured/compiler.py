@@ -99,9 +99,9 @@ class GrammarCache:
     def _compile_kind(self, kind: str, text: str, compact: bool) -> Any:
         c = self.compiler
         if kind == "json":
-            return c.compile_json_schema(text, any_whitespace=not compact)
+            return c.compile_grammar(_json_grammar(text, compact, strict=True))
         if kind == "json_object":  # any JSON object (additional properties allowed)
-            return c.compile_json_schema('{"type": "object"}', any_whitespace=not compact, strict_mode=False)
+            return c.compile_grammar(_json_grammar('{"type": "object"}', compact, strict=False))
         if kind == "regex":
             return c.compile_regex(text)
         if kind == "grammar":
@@ -114,6 +114,20 @@ class GrammarCache:
         import xgrammar as xg
 
         return c.compile_structural_tag(xg.StructuralTag.from_json(text))
+
+
+# XGrammar's string rule for length-bounded strings lets raw control characters through, which JSON
+# forbids (RFC 8259 section 7); its unbounded strings exclude them. Bounded strings get the same class.
+_LOOSE_CHARS = '[^\\"\\\\\\r\\n]'
+_JSON_CHARS = '[^\\0-\\x1f\\"\\\\\\r\\n]'
+
+
+def _json_grammar(schema: str, compact: bool, strict: bool) -> Any:
+    """A JSON Schema's grammar (EBNF), its strings free of raw control characters."""
+    import xgrammar as xg
+
+    grammar = xg.Grammar.from_json_schema(schema, any_whitespace=not compact, strict_mode=strict)
+    return str(grammar).replace(_LOOSE_CHARS, _JSON_CHARS)
 
 
 def result(future: cf.Future[Any], params: StructuredOutputsParams, timeout_s: float) -> Any:

@@ -20,12 +20,12 @@ ALL_ALLOWED = -1  # an i32 word with every bit set
 
 
 class RequestGrammar:
-    """`max_rollback`: drafts one verify step may walk through (the DSpark block size, plus one)."""
+    """A matcher of one compiled grammar (XGrammar keeps every accepted token for rollback)."""
 
-    def __init__(self, compiled: Any, max_rollback: int) -> None:
+    def __init__(self, compiled: Any) -> None:
         import xgrammar as xg
 
-        self.matcher = xg.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
+        self.matcher = xg.GrammarMatcher(compiled)
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,7 @@ all-allowed words, which mask nothing.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,29 +41,30 @@ class _Pending:
 
 
 class StructuredState:
-    """`max_rollback`: the most drafts a verify step walks through (DSpark's block size; 0 without)."""
+    """Grammars of the constrained requests of one engine (model vocabulary `vocab_size`)."""
 
     def __init__(
         self,
         tokenizer: Tokenizer,
         vocab_size: int,
         stop_token_ids: list[int],
-        max_rollback: int = 0,
         config: CompileConfig | None = None,
     ) -> None:
         self._tokenizer, self.vocab_size, self._stops = tokenizer, vocab_size, stop_token_ids
-        self.max_rollback, self.config = max_rollback + 1, config or CompileConfig()
+        self.config = config or CompileConfig()
         self._cache: GrammarCache | None = None
+        self._lock = threading.Lock()
         self.grammars: dict[int, RequestGrammar] = {}
         self.pending: dict[int, _Pending] = {}
 
     @property
     def cache(self) -> GrammarCache:
         """Built on the first constrained request: unconstrained engines never load XGrammar."""
-        if self._cache is None:
-            info = vocabulary(self._tokenizer, self.vocab_size, self._stops)
-            self._cache = GrammarCache(info, self.config)
-        return self._cache
+        with self._lock:  # the server's handlers may ask first, from their own threads
+            if self._cache is None:
+                info = vocabulary(self._tokenizer, self.vocab_size, self._stops)
+                self._cache = GrammarCache(info, self.config)
+            return self._cache
 
     def use_cache(self, cache: GrammarCache) -> None:
         """Share a compiled-grammar cache (its TokenizerInfo must be this model's vocabulary)."""
@@ -81,7 +83,7 @@ class StructuredState:
         self.pending[rid] = _Pending(params, future, admit, time.monotonic() + self.config.timeout_s)
 
     def _start(self, rid: int, compiled: Any) -> None:
-        self.grammars[rid] = RequestGrammar(compiled, self.max_rollback)
+        self.grammars[rid] = RequestGrammar(compiled)
 
     def poll(self, idle: bool) -> list[tuple[int, str]]:
         """Admit the requests whose grammar is ready; returns (rid, error) of those refused. `idle`:
