@@ -12,7 +12,8 @@
   prompt, so the constraint writes it (`\\n\\n<｜DSML｜ calls>\\n` first);
 - vLLM's `structured_outputs` object in the body (json, regex, grammar, choice, ...) is taken as is.
 
-In thinking mode the prompt ends in `<think>`: free reasoning up to `</think>` comes first.
+In thinking mode the prompt ends in `<think>`: free reasoning up to `</think>` comes first. JSON from
+`response_format` is compact (XGrammar's separators, no free whitespace between tokens).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def structured_outputs(
     if conv.conversation.thinking_mode:
         reasoning = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": _THINK_END}
         fmt = {"type": "sequence", "elements": [reasoning, fmt]}
-    elif fmt["type"] == "json_schema":
-        return StructuredOutputsParams(json=fmt["json_schema"])
+    elif fmt["type"] == "json_schema":  # compact: a model cannot pad the object with endless blanks
+        return StructuredOutputsParams(json=fmt["json_schema"], disable_any_whitespace=True)
     elif fmt["type"] == "regex":
         return StructuredOutputsParams(regex=fmt["pattern"])
     return StructuredOutputsParams(structural_tag=json.dumps({"type": "structural_tag", "format": fmt}))
@@ -65,9 +66,9 @@ def _format(api: Api, body: dict[str, Any], kind: str, schema: str, opened: bool
     if kind == "regex":
         return {"type": "regex", "pattern": schema}
     if kind == "tool_call_required":
-        return _tool_calls(json.loads(schema), opened)
+        return _tool_calls(json.loads(schema), opened, _one_call(body))
     if kind == "tool_call" and api is MESSAGES and _anthropic_any(body):
-        return _tool_calls(json.loads(schema), opened=False)
+        return _tool_calls(json.loads(schema), False, _one_call(body))
     if kind == "tool_call":
         return None  # tool_choice auto: the model decides; the recipe's parser extracts any calls
     raise RequestError("response_format", kind, "json, regex or a tool call")
@@ -78,8 +79,16 @@ def _anthropic_any(body: dict[str, Any]) -> bool:
     return isinstance(choice, dict) and choice.get("type") == "any"
 
 
-def _tool_calls(tools: list[dict[str, Any]], opened: bool) -> dict[str, Any]:
-    """One or more DSML invocations of `tools` (Chat Completions function tools), closing the block."""
+def _one_call(body: dict[str, Any]) -> bool:
+    """OpenAI `parallel_tool_calls: false` or Anthropic `disable_parallel_tool_use`: one call only."""
+    choice = body.get("tool_choice")
+    anthropic = isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True
+    return body.get("parallel_tool_calls") is False or anthropic
+
+
+def _tool_calls(tools: list[dict[str, Any]], opened: bool, one: bool) -> dict[str, Any]:
+    """DSML invocations of `tools` (Chat Completions function tools; just one with `one`), closing the
+    calls block."""
     tags = []
     for tool in tools:
         fn = tool["function"]
@@ -88,11 +97,23 @@ def _tool_calls(tools: list[dict[str, Any]], opened: bool) -> dict[str, Any]:
             {
                 "type": "tag",
                 "begin": f'<｜DSML｜ invoke name="{fn["name"]}">\n',
-                "content": {"type": "json_schema", "json_schema": params, "style": "deepseek_v4_1_xml"},
+                # one newline between parameters, as the recipe renders them: no free padding
+                "content": {
+                    "type": "json_schema",
+                    "json_schema": params,
+                    "style": "deepseek_v4_1_xml",
+                    "max_whitespace_cnt": 1,
+                },
                 "end": _INVOKE_END,
             }
         )
-    calls = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True}
+    calls = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": "",
+        "at_least_one": True,
+        "stop_after_first": one,
+    }
     elements = [] if opened else [{"type": "const_string", "value": "\n\n" + _CALLS_BEGIN}]
     elements += [calls, {"type": "const_string", "value": _CALLS_END}]
     return {"type": "sequence", "elements": elements}
