@@ -6,8 +6,8 @@
 - `tool_choice` "required" or a named function (Chat, Responses) and Anthropic `tool` arrive as
   "tool_call_required": the prompt has opened the DSML calls block, so the output is one or more
   `<｜DSML｜ invoke name="...">` blocks, each tool's arguments constrained by its JSON Schema in the
-  V4.1 parameter markup (strings raw with string="true", other values JSON with string="false"; XGrammar's
-  "deepseek_v4_1_xml" style), then `</｜DSML｜ calls>` and EOS;
+  V4.1 parameter markup (strings raw with string="true", other values JSON with string="false";
+  dsml_grammar.py), then `</｜DSML｜ calls>` and EOS;
 - Anthropic `tool_choice` "any" arrives as the advisory "tool_call"; its calls block is not opened by the
   prompt, so the constraint writes it (`\\n\\n<｜DSML｜ calls>\\n` first);
 - vLLM's `structured_outputs` object in the body (json, regex, grammar, choice, ...) is taken as is.
@@ -26,13 +26,12 @@ import deepseek_recipe as dr
 
 from dsgraph.runtime.sampling_params import RequestError
 from dsgraph.runtime.server.apis import MESSAGES, Api
+from dsgraph.runtime.server.dsml_grammar import dsml_grammar
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 __all__ = ["BODY_FIELD", "request_constraint", "structured_outputs", "wait_grammar"]
 
 BODY_FIELD = "structured_outputs"  # vLLM's extra request field
-_CALLS_BEGIN, _CALLS_END = "<｜DSML｜ calls>\n", "</｜DSML｜ calls>"
-_INVOKE_END = "</｜DSML｜ invoke>\n"
 _THINK_END = "</think>"
 
 
@@ -56,6 +55,8 @@ def structured_outputs(
         return StructuredOutputsParams(json=fmt["json_schema"], disable_any_whitespace=True)
     elif fmt["type"] == "regex":
         return StructuredOutputsParams(regex=fmt["pattern"])
+    elif fmt["type"] == "grammar":
+        return StructuredOutputsParams(grammar=fmt["grammar"])
     return StructuredOutputsParams(structural_tag=json.dumps({"type": "structural_tag", "format": fmt}))
 
 
@@ -87,36 +88,8 @@ def _one_call(body: dict[str, Any]) -> bool:
 
 
 def _tool_calls(tools: list[dict[str, Any]], opened: bool, one: bool) -> dict[str, Any]:
-    """DSML invocations of `tools` (Chat Completions function tools; just one with `one`), closing the
-    calls block."""
-    tags = []
-    for tool in tools:
-        fn = tool["function"]
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
-        tags.append(
-            {
-                "type": "tag",
-                "begin": f'<｜DSML｜ invoke name="{fn["name"]}">\n',
-                # one newline between parameters, as the recipe renders them: no free padding
-                "content": {
-                    "type": "json_schema",
-                    "json_schema": params,
-                    "style": "deepseek_v4_1_xml",
-                    "max_whitespace_cnt": 1,
-                },
-                "end": _INVOKE_END,
-            }
-        )
-    calls = {
-        "type": "tags_with_separator",
-        "tags": tags,
-        "separator": "",
-        "at_least_one": True,
-        "stop_after_first": one,
-    }
-    elements = [] if opened else [{"type": "const_string", "value": "\n\n" + _CALLS_BEGIN}]
-    elements += [calls, {"type": "const_string", "value": _CALLS_END}]
-    return {"type": "sequence", "elements": elements}
+    """DSML invocations of `tools` (just one with `one`), closing the calls block (dsml_grammar.py)."""
+    return {"type": "grammar", "grammar": dsml_grammar(tools, opened, one)}
 
 
 def request_constraint(

@@ -83,7 +83,14 @@ class StructuredState:
         self.pending[rid] = _Pending(params, future, admit, time.monotonic() + self.config.timeout_s)
 
     def _start(self, rid: int, compiled: Any) -> None:
-        self.grammars[rid] = RequestGrammar(compiled)
+        grammar = RequestGrammar(compiled)
+        first = self._blank(1)
+        grammar.fill(first, 0)
+        if not bool(first.any()):  # e.g. a word-level vocabulary that cannot spell JSON
+            raise GrammarError(
+                "structured_outputs", "grammar", "spellable: this tokenizer has no token it allows"
+            )
+        self.grammars[rid] = grammar
 
     def poll(self, idle: bool) -> list[tuple[int, str]]:
         """Admit the requests whose grammar is ready; returns (rid, error) of those refused. `idle`:
