@@ -32,6 +32,7 @@ from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan, mode
 from dsgraph.runtime.session import CacheSizes, Session, size_caches
 from dsgraph.runtime.spec_engine import SeqInfo, SpecDecoder, Verified
 from dsgraph.runtime.spec_setup import SpecSetup, check_spec_config, setup_spec
+from dsgraph.runtime.structured.state import StructuredState
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,9 @@ class Engine:
         curve = None
         if spec.enabled:
             self.spec, curve = setup_spec(spec, self, weights)
+        self.structured = StructuredState(self.tokenizer, cfg.text.vocab_size, [cfg.eos_token_id])
+        if self.spec is not None:
+            self.spec.structured = self.structured
         self.scheduler = Scheduler(
             SchedulerConfig.for_model(
                 self.model,
@@ -223,29 +227,40 @@ class Engine:
                 f"{len(prompt_ids)} tokens",
                 f"shorter than max_model_len {self.model.geo.max_model_len}",
             )
-        eos = -1 if params.ignore_eos else self.cfg.eos_token_id
+        live = _Live(
+            params,
+            params.completion_seeds()[0] if seed is None else seed,
+            [int(t) for t in prompt_ids],
+            IncrementalDetokenizer(
+                self.tokenizer, list(prompt_ids), skip_special_tokens=params.skip_special_tokens
+            ),
+        )
+        if params.structured_outputs is None:
+            self._admit(rid, live)
+        else:  # queued once its grammar is compiled (at once when it is cached)
+            self.structured.add(rid, params.structured_outputs, lambda: self._admit(rid, live))
+            self.live.setdefault(rid, live)
+
+    def _admit(self, rid: int, live: _Live) -> None:
+        p = live.params
+        eos = -1 if p.ignore_eos else self.cfg.eos_token_id
         self.scheduler.add_request(
             rid,
-            list(prompt_ids),
-            max_tokens=params.max_tokens,
+            live.prompt,
+            max_tokens=p.max_tokens,
             eos_id=eos,
-            ignore_eos=params.ignore_eos,
-            stop_token_ids=params.stop_token_ids,
+            ignore_eos=p.ignore_eos,
+            stop_token_ids=p.stop_token_ids,
             # prompt logprobs need every position computed: a cached prefix would leave holes
-            use_prefix_cache=params.prompt_logprobs is None,
+            use_prefix_cache=p.prompt_logprobs is None,
         )
-        seeds = params.completion_seeds()
-        detok = IncrementalDetokenizer(
-            self.tokenizer, list(prompt_ids), skip_special_tokens=params.skip_special_tokens
-        )
-        self.live[rid] = _Live(
-            params, seeds[0] if seed is None else seed, [int(t) for t in prompt_ids], detok
-        )
+        self.live[rid] = live
         self._prefilling.add(rid)
 
     def abort(self, rid: int) -> None:
         if rid in self.live and self.live[rid].finish is None:
             self.scheduler.abort(rid)
+            self.structured.release(rid)
             self.live[rid].finish = "abort"
 
     def release(self, rid: int) -> None:
@@ -256,6 +271,7 @@ class Engine:
         self.live.pop(rid, None)
         self._prefilling.discard(rid)
         self._faults.pop(rid, None)
+        self.structured.release(rid)
 
     def inject_fault(self, rid: int, after_tokens: int = 0) -> None:
         """Test hook: the request fails inside the engine (a RuntimeError in its per-request commit) once
@@ -280,6 +296,7 @@ class Engine:
             self.scheduler.has_unfinished
             or (self._plan is not None and self._plan.bucket > 0)
             or (self.overlap is not None and self.overlap.busy)
+            or bool(self.structured.pending)
         )
 
     def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
@@ -331,11 +348,22 @@ class Engine:
         step, plan this one), so a request added in between joins one step later. With overlap on, the
         tokens returned are those of the step launched by the previous call (engine_overlap.py).
         """
+        refused = self._poll_grammars()
         if self.overlap is not None:
-            return self.overlap.step()
+            return refused + self.overlap.step()
         plan = self._plan if self._plan is not None else self.scheduler.schedule()
         self._plan = None
-        return self._plain_step(plan)
+        return refused + self._plain_step(plan)
+
+    def _poll_grammars(self) -> list[TokenEvent]:
+        """Admit the requests whose grammar compiled; end those whose compile failed or timed out."""
+        idle = not self.scheduler.has_unfinished and (self._plan is None or self._plan.bucket == 0)
+        out = []
+        for rid, error in self.structured.poll(idle):
+            live = self.live[rid]
+            live.finish, live.error = "abort", error
+            out.append(TokenEvent(rid, -1, "", 0.0, [], True, "error", 0, error))
+        return out
 
     def _plain_step(self, plan, fix: InputFix | None = None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """Run, sample and commit `plan` (then plan the next step) in one go."""
@@ -399,7 +427,10 @@ class Engine:
         rows = torch.from_numpy(np.array(plan.sample_rows)).long()
         positions = torch.from_numpy(np.array(plan.positions))[rows]
         params, seeds = [lv.params for lv in live], [lv.seed for lv in live]
-        s = self.sampler.sample(logits, params, seeds, positions + 1, to_host=to_host)
+        allowed = self.structured.decode_mask([int(r) for r in plan.sample_rids])
+        s = self.sampler.sample(logits, params, seeds, positions + 1, to_host=to_host, allowed=allowed)
+        if allowed is not None and to_host and bool((s.tokens < 0).any()):  # fails the step, not the engine
+            raise RuntimeError("a structured_outputs grammar allowed no token of the vocabulary")
         return _force(s, logits, live) if to_host else s  # overlapped steps force nothing (engine_overlap)
 
     def _verify_and_draft(
@@ -496,6 +527,7 @@ class Engine:
         self._prefilling.discard(rid)  # a sampled row ends the prefill: the hit count is final
         if rid in self._faults and len(live.tokens) >= self._faults[rid]:
             raise RuntimeError(f"fault injected into request {rid} (Engine.inject_fault)")
+        self.structured.accept(rid, token)
         k = live.params.num_top_logprobs
         top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))
         live.tokens.append(token)

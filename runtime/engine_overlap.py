@@ -114,7 +114,8 @@ class OverlapLoop:
 
     def _needs_plain(self, plan: StepPlan) -> bool:
         """Prompt logprobs are read off the step's logits, a forced token must reach the next step's
-        inputs and the min_tokens mask counts the tokens so far: such steps run without overlap."""
+        inputs, the min_tokens mask counts the tokens so far, and a grammar's mask needs the previous token:
+        such steps run without overlap."""
         e = self.engine
         if e._prompt_rows(plan)[0] or e._min_tokens_rows(plan):
             return True
@@ -123,7 +124,8 @@ class OverlapLoop:
             # a token of the step in flight may not be counted yet: forcing may start one row later
             if live is not None and len(live.tokens) < len(live.params.golden_token_ids):
                 return True
-        return False
+        # a constrained row's mask follows the grammar through the token of the step in flight
+        return any(int(rid) in e.structured.grammars for rid in plan.sample_rids.tolist())
 
     def _plain(self, plan: StepPlan) -> list[TokenEvent]:
         """Resolve the step in flight, then run `plan` without overlap."""

@@ -1,6 +1,7 @@
 """The sampling step: one lowered `sample` program per (rows, top-logprobs) shape, fed per-row params;
 and the verification of a speculative step (`spec_verify`, exact rejection sampling, ops/spec_sampling.py),
-one program per (rows, sequences) shape."""
+one program per (rows, sequences) shape. Either takes an optional allowed-token bitmask (structured
+output, runtime/structured/): steps without one run the programs without the mask operand."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from dsgraph.graph import TensorType, make_graph
 from dsgraph.graph.passes import specialize
 from dsgraph.ops import op
+from dsgraph.ops.sampling import mask_words
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import Program, lower
 from dsgraph.runtime.sampling_params import SamplingParams
@@ -29,31 +31,28 @@ class Samples:
 class Sampler:
     def __init__(self, vocab_size: int, num_top_logprobs: int = 20) -> None:
         self.vocab, self.k = vocab_size, num_top_logprobs
-        self.graph = make_graph(
-            self._fn,
-            TensorType(("outs", vocab_size), "f32"),
-            *(TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32")),
-            name="sample",
-        )
+        logits = TensorType(("outs", vocab_size), "f32")
+        row = [TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32")]
+        self.graph = make_graph(self._fn, logits, *row, name="sample")
         self.programs: dict[int, Program] = {}
-        row = (TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32"))
-        self.verify_graph = make_graph(
-            self._verify_fn,
-            TensorType(("outs", vocab_size), "f32"),
-            TensorType(("outs",), "i32"),
-            TensorType(("outs", vocab_size), "f32"),
-            *row,
-            TensorType(("seqs",), "i32"),
-            TensorType(("seqs",), "i32"),
-            name="spec_verify",
-        )
+        verify_in = [logits, TensorType(("outs",), "i32"), logits, *row, *[TensorType(("seqs",), "i32")] * 2]
+        self.verify_graph = make_graph(self._verify_fn, *verify_in, name="spec_verify")
         self.verify_programs: dict[tuple[int, int], Program] = {}
+        # both again with the allowed-token bitmask as their last operand (structured output)
+        allowed = TensorType(("outs", mask_words(vocab_size)), "i32")
+        self.masked_graph = make_graph(self._masked_fn, logits, *row, allowed, name="sample_masked")
+        self.masked_verify_graph = make_graph(self._verify_fn, *verify_in, allowed, name="spec_verify_masked")
+        self.masked_programs: dict[int, Program] = {}
+        self.masked_verify_programs: dict[tuple[int, int], Program] = {}
 
-    def _fn(self, logits, temperature, top_p, top_k, min_p, seed, position):  # type: ignore[no-untyped-def]
+    def _fn(self, logits, temperature, top_p, top_k, min_p, seed, position, *allowed):  # type: ignore[no-untyped-def]
         token, logprob, top_lp, top_ids = op.sample(
-            logits, temperature, top_p, top_k, min_p, seed, position, num_top_logprobs=self.k
+            logits, temperature, top_p, top_k, min_p, seed, position, *allowed, num_top_logprobs=self.k
         )
         return {"token": token, "logprob": logprob, "top_logprobs": top_lp, "top_ids": top_ids}
+
+    def _masked_fn(self, logits, temperature, top_p, top_k, min_p, seed, position, allowed):  # type: ignore[no-untyped-def]
+        return self._fn(logits, temperature, top_p, top_k, min_p, seed, position, allowed)
 
     def _verify_fn(self, *operands: Any) -> dict[str, Any]:
         """Operands in `spec_verify` order (logits, draft, draft_logprobs, row params, starts, lengths)."""
@@ -81,14 +80,17 @@ class Sampler:
         positions: torch.Tensor,
         verify_start: torch.Tensor,
         verify_len: torch.Tensor,
+        allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`spec_verify` over the sample rows: (num_accepted [seqs], token [outs], logprob [outs]); row i
         holds the draft of the next row (`draft_tokens[i]`, drawn from `draft_logprobs[i]`), is decided
         with params[i], seeds[i] at positions[i]; sequence s owns rows verify_start[s] + 0..len-1."""
         n, seqs = logits.shape[0], verify_start.shape[0]
-        if (n, seqs) not in self.verify_programs:
-            graph = specialize(self.verify_graph, {"outs": n, "seqs": seqs})
-            self.verify_programs[(n, seqs)] = lower(graph, "cpu")
+        graph, programs = self.verify_graph, self.verify_programs
+        if allowed is not None:
+            graph, programs = self.masked_verify_graph, self.masked_verify_programs
+        if (n, seqs) not in programs:
+            programs[(n, seqs)] = lower(specialize(graph, {"outs": n, "seqs": seqs}), "cpu")
         args = [
             logits.float(),
             draft_tokens.to(torch.int32),
@@ -96,8 +98,9 @@ class Sampler:
             *self._rows(params, seeds),
         ]
         args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
+        args += [] if allowed is None else [allowed]
         args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
-        out = run_program(self.verify_programs[(n, seqs)], args)
+        out = run_program(programs[(n, seqs)], args)
         # decided on the device; the small results come back to the host in one go per step
         return out["num_accepted"].cpu(), out["token"].cpu(), out["logprob"].cpu()
 
@@ -109,16 +112,22 @@ class Sampler:
         positions: torch.Tensor,
         *,
         to_host: bool = True,
+        allowed: torch.Tensor | None = None,
     ) -> Samples:
-        """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i]. With
-        `to_host` False the samples stay where the logits are (`SampleCopies` brings them back)."""
+        """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i], among
+        the tokens row i of `allowed` (i32 [rows, ceil(V/32)]) allows. With `to_host` False the samples
+        stay where the logits are (`SampleCopies` brings them back)."""
         args = [logits.float(), *self._rows(params, seeds), positions.to(torch.int32)]
+        args += [] if allowed is None else [allowed]
         # sampling runs where the logits are; host-to-device copies of pageable memory do not wait
         args = [a.to(logits.device, non_blocking=True) for a in args]
         n = logits.shape[0]
-        if n not in self.programs:
-            self.programs[n] = lower(specialize(self.graph, {"outs": n}), "cpu")
-        out = run_program(self.programs[n], args)
+        graph, programs = (
+            (self.graph, self.programs) if allowed is None else (self.masked_graph, self.masked_programs)
+        )
+        if n not in programs:
+            programs[n] = lower(specialize(graph, {"outs": n}), "cpu")
+        out = run_program(programs[n], args)
         s = Samples(*(out[k] for k in ("token", "logprob", "top_logprobs", "top_ids")))
         # the small results come back to the host (detokenization, scheduling)
         return _to_host(s) if to_host else s

@@ -11,9 +11,12 @@ import math
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dsgraph.ops.sampling import GREEDY_BELOW
+
+if TYPE_CHECKING:
+    from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 __all__ = ["MAX_TOP_LOGPROBS", "RequestError", "SamplingParams", "completion_seed", "seed_to_i64"]
 
@@ -66,6 +69,8 @@ class SamplingParams:
     # Teacher forcing (DeepInfer's golden tokens): the engine emits these ids in order instead of
     # sampling, then samples on; stop conditions still apply. Tests use it to drive exact model outputs.
     golden_token_ids: tuple[int, ...] = ()
+    # Constrained output (JSON Schema, regex, EBNF grammar, choice): runtime/structured/params.py
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # A single stop string or a list is accepted; stored as a tuple so the params stay hashable.
@@ -117,6 +122,10 @@ class SamplingParams:
         if self.seed is not None:
             _check_int("seed", self.seed, -(2**63), _MASK64, " (or None for a random seed)")
         _check_int("n", self.n, 1, _INT32_MAX)
+        if self.structured_outputs is not None:
+            from dsgraph.runtime.structured.params import check_structured_outputs
+
+            check_structured_outputs(self.structured_outputs)
         return self
 
     def op_row(self) -> tuple[float, float, int, float]:

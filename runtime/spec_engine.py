@@ -51,6 +51,7 @@ from dsgraph.runtime.scheduler import StepPlan
 from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import VerifyScheduler
+from dsgraph.runtime.structured.state import StructuredState
 
 __all__ = ["DraftHook", "SeqInfo", "SpecDecoder", "Verified"]
 
@@ -99,6 +100,7 @@ class SpecDecoder:
         self.cost = DraftCost()  # setup_spec replaces it with the profiled or given draft cost
         self.pause: DraftPause | None = None  # None: draft every step (draft_pause off, or no curve)
         self.draft_passes = 0
+        self.structured: StructuredState | None = None  # the engine's grammars (constrained requests)
         # the draft pass expected after the next step (ms; 0 when this step drafted nothing): the
         # confidence planner adds it to every candidate step's time (Scheduler.draft_ms)
         self.next_draft_ms = 0.0
@@ -112,17 +114,20 @@ class SpecDecoder:
         info = [seqs[s] or released for s in row_seq.tolist()]
         params, seeds = [i.params for i in info], [i.seed for i in info]
         positions = torch.from_numpy(np.asarray(plan.positions)[rows] + 1)
-        s = self.sampler.sample(logits, params, seeds, positions)
         tokens = np.asarray(plan.token_ids)
         is_draft = np.ones(len(rows), dtype=bool)
         is_draft[start[length > 0] + length[length > 0] - 1] = False  # bonus rows
         drafts = np.where(is_draft, tokens[np.minimum(rows + 1, len(tokens) - 1)], 0).astype(np.int32)
+        allowed = self._allowed(seqs, start, length, drafts)
+        s = self.sampler.sample(logits, params, seeds, positions, allowed=allowed)
         if self.deterministic or not (length > 1).any():
             match = (drafts == s.tokens.numpy()) & is_draft
             emitted, logprobs = s.tokens.numpy().copy(), s.logprobs.clone()
             accepted = np.array([_leading(match[a : a + n]) for a, n in zip(start, length, strict=True)])
         else:
-            num, emitted_t, logprobs = self._exact(plan, logits, drafts, params, seeds, positions, row_seq)
+            num, emitted_t, logprobs = self._exact(
+                plan, logits, drafts, params, seeds, positions, row_seq, allowed
+            )
             emitted, accepted = emitted_t.numpy().copy(), np.maximum(num.numpy(), 0)
         accepted = np.where(length > 0, accepted, 0)
         num_emitted = np.where(length > 0, accepted + 1, 0).astype(np.int32)
@@ -141,6 +146,7 @@ class SpecDecoder:
         seeds: list[int],
         positions: torch.Tensor,
         row_seq: np.ndarray,
+        allowed: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`spec_verify` with each draft row's draft distribution from the pool."""
         start = np.asarray(plan.verify_start)
@@ -156,7 +162,17 @@ class SpecDecoder:
             positions,
             torch.from_numpy(start.astype(np.int32)),
             torch.from_numpy(np.array(plan.verify_len, dtype=np.int32)),
+            allowed,
         )
+
+    def _allowed(
+        self, seqs: Sequence[SeqInfo | None], start: np.ndarray, length: np.ndarray, drafts: np.ndarray
+    ) -> torch.Tensor | None:
+        """The grammar masks of every row (each draft position after the drafts before it), or None."""
+        if self.structured is None or not self.structured.grammars:
+            return None
+        rids = [-1 if info is None else info.rid for info in seqs]
+        return self.structured.verify_mask(rids, start.tolist(), length.tolist(), drafts.tolist())
 
     @staticmethod
     def _force(
@@ -221,6 +237,9 @@ class SpecDecoder:
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
                 self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
+                self._trim(
+                    drafted[i][1].rid, emitted[start[k] : start[k] + v.num_emitted[k]], tokens[k], lengths, k
+                )
             if self.pause is not None:
                 picked = [k for k, _ in todo]
                 self.pause.seed_confidences(conf[picked], lengths[picked])
@@ -250,6 +269,13 @@ class SpecDecoder:
         one_hot = torch.full_like(self.pool[req.slot], float("-inf"))
         one_hot[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 0.0
         self.pool[req.slot, : len(d)] = one_hot[: len(d)]
+
+    def _trim(self, rid: int, emitted: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, k: int) -> None:
+        """A constrained request verifies only the drafts its grammar allows (the others would be
+        rejected): the next step's rows are not spent on them."""
+        if self.structured is not None and rid in self.structured.grammars:
+            n = int(lengths[k])
+            lengths[k] = self.structured.valid_drafts(rid, emitted.tolist(), tokens[:n].tolist())
 
     def record(self, plan: StepPlan, v: Verified, held: dict[int, np.ndarray]) -> list[tuple[int, int, int]]:
         """Statistics of the plan's decode sequences; returns (rid, verified, accepted) per sequence.

@@ -41,6 +41,7 @@ from dsgraph.runtime.server.limits import (
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import Prepared, conversion_options, max_bytes_per_token, prepare
 from dsgraph.runtime.server.request_log import Tracking, track_request
+from dsgraph.runtime.server.structured_format import wait_grammar
 
 __all__ = ["FAULT_FIELD", "FORCED_FIELD", "ServerState", "create_app"]
 _FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
@@ -110,6 +111,7 @@ async def _add(
     state: ServerState, prep: Prepared, fault_after: int | None
 ) -> tuple[int, asyncio.Queue[TokenEvent]]:
     try:
+        await wait_grammar(state.loop.engine, prep.params)
         return await state.loop.add(prep.prompt_ids, prep.params, fault_after)
     except RequestError as exc:
         raise ApiError(400, str(exc), exc.field) from exc

@@ -16,6 +16,8 @@ from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
 from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.server.fields import Extras, check_bounds, name_recipe_error, take_extras
+from dsgraph.runtime.server.structured_format import request_constraint
+from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 
 @dataclass(frozen=True)
@@ -117,18 +119,16 @@ def encode_prompt(
 
 
 def sampling_params(
-    conv: dr.ConversationRequest, extras: Extras, prompt_len: int, max_model_len: int
+    conv: dr.ConversationRequest,
+    extras: Extras,
+    prompt_len: int,
+    max_model_len: int,
+    structured: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """SamplingParams from the recipe's inference options and the server's extras; max_tokens resolved
-    against the context (the smaller of the recipe's and `max_completion_tokens` wins)."""
+    against the context (the smaller of the recipe's and `max_completion_tokens` wins); `structured`: the
+    output constraint (structured_format.py)."""
     opts = conv.inference_options
-    # A "tool_call" constraint (tools offered, tool_choice auto) is advisory here: the model writes DSML
-    # tool calls itself and the recipe's parser extracts them. Grammar-constrained output is not built yet.
-    if opts.output_constraint is not None and opts.output_constraint.kind != "tool_call":
-        kind = opts.output_constraint.kind
-        raise ApiError(
-            400, f"response_format: constrained output ({kind}) is not supported yet", "response_format"
-        )
     # the engine needs one free position after the prompt, so its context is one shorter than max_model_len
     try:
         max_tokens = conv.resolve_max_tokens(prompt_len, max_model_len - 1)
@@ -145,6 +145,7 @@ def sampling_params(
         stop=tuple(conv.parsing_options.stop_sequences),
         seed=extras.seed,
         logprobs=int(top) if opts.logprobs or top else None,
+        structured_outputs=structured,
     )
 
 
@@ -172,7 +173,8 @@ def prepare(
     ids = encode_prompt(conv, recipe_tok, engine_tok, max_model_len, bytes_per_token)
     if not ids:
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
-    params = sampling_params(conv, extras, len(ids), max_model_len)
+    structured = request_constraint(api, values, conv)
+    params = sampling_params(conv, extras, len(ids), max_model_len, structured)
     return Prepared(conv, ids, params, conv.stream, generator)
 
 
