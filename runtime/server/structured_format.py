@@ -27,6 +27,7 @@ import deepseek_recipe as dr
 from dsgraph.runtime.sampling_params import RequestError
 from dsgraph.runtime.server.apis import MESSAGES, Api
 from dsgraph.runtime.server.dsml_grammar import dsml_grammar
+from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 __all__ = ["BODY_FIELD", "request_constraint", "structured_outputs", "wait_grammar"]
