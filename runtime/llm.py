@@ -29,14 +29,33 @@ class _Request:
 
 
 class LLM:
-    def __init__(self, model: str | Path | None = None, **config: object) -> None:
+    def __init__(self, model: str | Path | None = None, *, ep: object = 1, **config: object) -> None:
+        """`ep` > 1 (or an `EPConfig`): that many rank processes, data-parallel attention and
+        expert-parallel MoE (runtime/distributed); `generate` spreads the prompts over them."""
         if model is None:
             from dsgraph.tools.generate_cmd import default_model_dir
 
             model = default_model_dir()
+        self.group = None
+        from dsgraph.runtime.distributed.config import EPConfig
+
+        ep_config = ep if isinstance(ep, EPConfig) else EPConfig(ep=int(ep))  # type: ignore[call-overload]
+        if ep_config.ep > 1:
+            from dsgraph.runtime.distributed.dp import EPRunner
+
+            EngineConfig(**config)  # type: ignore[arg-type]  # bad options fail here, before any rank starts
+            self.group = EPRunner(model, ep_config, dict(config))
+            return
         self.engine = Engine(model, EngineConfig(**config))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """An LLM over an engine built elsewhere (one rank of an expert-parallel group)."""
+        llm = cls.__new__(cls)
+        llm.group, llm.engine, llm.tokenizer, llm._ids = None, engine, engine.tokenizer, itertools.count()
+        return llm
 
     def _requests(
         self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
@@ -126,6 +145,9 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in prompt order."""
+        if self.group is not None:
+            single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+            return self.group.generate([prompts] if single else list(prompts), sampling_params)
         final: dict[int, RequestOutput] = {}
         for index, _text, out in self.stream(prompts, sampling_params):
             final[index] = out

@@ -42,3 +42,26 @@ def identity_case(state: dict[str, Any], x: torch.Tensor, ids: torch.Tensor, pla
     w = torch.ones(ids.shape, dtype=torch.float32)
     xe, ie, _, src = ex.dispatch(MoeDispatchParams(MOE, ("rows",)), x, ids, w)
     return ex.combine(MoeCombineParams(MOE), xe.float(), src, ids), int(xe.shape[0]), ie[:, 0].tolist()
+
+
+def load_stats(setup: Any, _engine: Any) -> dict[str, float]:
+    return setup.load_stats()
+
+
+def layout(setup: Any, engine: Any) -> dict[str, tuple[int, ...]]:
+    """Per MoE: the leading dim of this rank's expert weights and the placement's slots."""
+    w = {**engine.session.weights, **(engine.spec.drafter.weights if engine.spec else {})}
+    return {
+        m: (int(w[f"weights.{m}ffn.experts.w1.weight"].shape[0]), len(p.phys_to_logical))
+        for m, p in setup.placements.items()
+    }
+
+
+def moved(setup: Any, _engine: Any) -> bool:
+    """Whether some MoE's placement differs from the initial layout (a rebalance moved experts)."""
+    from dsgraph.runtime.distributed.placement import initial
+
+    return any(
+        p != initial(p.num_logical, len(p.phys_to_logical) - p.num_logical, p.ep)
+        for p in setup.placements.values()
+    )
