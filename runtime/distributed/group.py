@@ -3,8 +3,10 @@ before anything starts, and the cpu platform with the group's collective MoE rul
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,7 +21,7 @@ RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 @dataclass(frozen=True)
 class Rendezvous:
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    master_port: int = 0  # 0: a free port of this machine (one node only)
     nnodes: int = 1
     node_rank: int = 0
 
@@ -30,10 +32,21 @@ class Rendezvous:
             raise ValueError(
                 f"--node-rank is {self.node_rank}, expected 0..{self.nnodes - 1} (--nnodes {self.nnodes})"
             )
-        if not 0 < self.master_port < 65536:
-            raise ValueError(f"--master-port is {self.master_port}, expected 1..65535")
+        if not 0 <= self.master_port < 65536 or (self.master_port == 0 and self.nnodes > 1):
+            allowed = "1..65535" if self.nnodes > 1 else "0 (a free port) or 1..65535"
+            raise ValueError(
+                f"--master-port is {self.master_port}, expected {allowed} (--nnodes {self.nnodes})"
+            )
         if not self.master_addr:
             raise ValueError("--master-addr is empty, expected a host name or address of node 0")
+
+    def resolved(self) -> Rendezvous:
+        """With port 0, a free port of this machine (the rendezvous of a one-node group)."""
+        if self.master_port:
+            return self
+        with socket.socket() as s:
+            s.bind((self.master_addr, 0))
+            return dataclasses.replace(self, master_port=int(s.getsockname()[1]))
 
     def ranks_here(self, ep: int) -> range:
         """The global ranks this node runs: ep / nnodes consecutive ranks."""

@@ -54,7 +54,7 @@ class RankGroup:
         self, ep: int, rv: Rendezvous | None = None, *, backend: str = "gloo", timeout_s: float = 60.0
     ) -> None:
         ctx = mp.get_context("spawn")
-        rv = rv if rv is not None else Rendezvous()
+        rv = (rv if rv is not None else Rendezvous()).resolved()
         self.ranks = list(rv.ranks_here(ep))
         self.timeout_s = timeout_s
         self.conns: list[Connection] = []

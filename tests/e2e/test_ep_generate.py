@@ -5,16 +5,17 @@ drafting and prefix caching on; an EPLB rebalance in the middle of generation ch
 
 from __future__ import annotations
 
-import socket
+import time
 from typing import Any
 
 import pytest
 
 from dsgraph.runtime.distributed.config import EPConfig
+from dsgraph.runtime.distributed.launch import RankError
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from tests.oracle import model_fixtures as fx
-from tests.runtime.ep_cases import layout, load_stats, moved
+from tests.runtime.ep_cases import die_after, layout, load_stats, moved
 from tests.runtime.test_spec_engine import CURVE
 
 SHARED = fx.prompt(500, 20)  # a prefix several prompts share: prefix cache hits
@@ -38,12 +39,6 @@ CONFIG: dict[str, Any] = dict(
     throughput_curve=CURVE,
     prefix_replay="exact",  # a cache hit gives the tokens of a cold prefill: hits may differ by rank
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +85,14 @@ def test_rebalance_mid_generation_changes_nothing(model_dir, reference) -> None:
     assert got == reference
     assert all(s["rebalances"] >= 2 and s["moved"] for s in stats)
     assert all(s["imbalance"] >= 1.0 for s in stats)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_ends_the_group_with_an_error_naming_it(model_dir) -> None:  # type: ignore[no-untyped-def]
+    llm = LLM(model_dir, ep=EPConfig(ep=2, interval=0, timeout_s=30), **CONFIG)
+    llm.group.call(die_after, 1, 3)
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"rank 1: the process died \(killed by signal 9\)"):
+        llm.generate(PROMPTS, PARAMS)
+    assert time.monotonic() - start < 30
+    assert llm.group.group.closed and not any(p.is_alive() for p in llm.group.group.procs)

@@ -65,3 +65,21 @@ def moved(setup: Any, _engine: Any) -> bool:
         p != initial(p.num_logical, len(p.phys_to_logical) - p.num_logical, p.ep)
         for p in setup.placements.values()
     )
+
+
+def die_after(setup: Any, engine: Any, rank: int, runs: int) -> None:
+    """Make `rank` kill itself (SIGKILL: no cleanup, as a crash) at its `runs`-th graph run."""
+    import os
+    import signal
+
+    if setup.rank != rank:
+        return
+    run, count = engine.session.run, [0]
+
+    def dying(*args: Any, **kw: Any) -> Any:
+        count[0] += 1
+        if count[0] >= runs:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run(*args, **kw)
+
+    engine.session.run = dying
