@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
+from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 from dsgraph.tools.generate_cmd import default_model_dir
 
 
@@ -21,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--thinking", action="store_true", help="thinking mode for requests that do not choose")
+    add_ep_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -40,11 +43,28 @@ def main(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
     )
-    engine = Engine(root, config)
+    engine = Engine(root, config) if args.ep == 1 and args.nnodes == 1 else _group_engine(args, root, config)
     name = args.served_model_name or root.name
     app = create_app(engine, name, recipe_tokenizer(root), thinking=args.thinking)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         app.state.server.loop.close()
+        if hasattr(engine, "runner"):
+            engine.close()
     return 0
+
+
+def _group_engine(args: argparse.Namespace, root: Path, config: object) -> object:
+    """--ep N: N rank processes behind this process's API (runtime/distributed/front.py). A node other
+    than 0 runs its ranks (experts and dummy rounds) until the group ends."""
+    from dsgraph.runtime.distributed.front import GroupEngine
+
+    ep, rv = ep_from_args(args)
+    engine = GroupEngine(root, config, ep, rv)
+    if rv.node_rank != 0:
+        print(f"node {rv.node_rank}: ranks {list(rv.ranks_here(ep.ep))} joined the group at {rv.master_addr}")
+        while True:
+            engine.group.check()
+            time.sleep(1.0)
+    return engine

@@ -23,7 +23,9 @@ class RankError(RuntimeError):
         self.rank, self.cause = rank, cause
 
 
-def _serve(rank: int, ep: int, rv: Rendezvous, backend: str, timeout_s: float, conn: Connection) -> None:
+def _serve(
+    rank: int, ep: int, rv: Rendezvous, backend: str, timeout_s: float, conn: Connection, queues: tuple
+) -> None:
     """The rank's loop: join the group, then run each call on `state` and answer (ok, value) or
     (error, traceback)."""
     try:
@@ -32,7 +34,7 @@ def _serve(rank: int, ep: int, rv: Rendezvous, backend: str, timeout_s: float, c
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
-    state: dict[str, Any] = {"rank": rank, "ep": ep}
+    state: dict[str, Any] = {"rank": rank, "ep": ep, "inbox": queues[0], "outbox": queues[1]}
     while True:
         msg = conn.recv()
         if msg is None:
@@ -59,9 +61,15 @@ class RankGroup:
         self.timeout_s = timeout_s
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
-        for rank in self.ranks:
+        # streaming channels beside the call pipes: commands to each rank, messages from all of them
+        self.inboxes = [ctx.Queue() for _ in self.ranks]
+        self.outbox = ctx.Queue()
+        for rank, inbox in zip(self.ranks, self.inboxes, strict=True):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(rank, ep, rv, backend, timeout_s, child), daemon=True)
+            queues = (inbox, self.outbox)
+            proc = ctx.Process(
+                target=_serve, args=(rank, ep, rv, backend, timeout_s, child, queues), daemon=True
+            )
             proc.start()
             self.conns.append(parent)
             self.procs.append(proc)
@@ -72,10 +80,24 @@ class RankGroup:
         """Run fn(state, *args) on every local rank at once; their results in rank order."""
         if self.closed:
             raise RuntimeError("the rank group has ended")
+        self.start(fn, per_rank)
+        return self._collect(self.timeout_s)
+
+    def start(self, fn: Call, per_rank: Sequence[tuple[Any, ...]] | None = None) -> None:
+        """Send fn(state, *args) to every local rank without waiting (a long-running loop)."""
+        if self.closed:
+            raise RuntimeError("the rank group has ended")
         args = per_rank if per_rank is not None else [()] * len(self.ranks)
         for conn, a in zip(self.conns, args, strict=True):
             conn.send((fn, tuple(a)))
-        return self._collect(self.timeout_s)
+
+    def check(self) -> None:
+        """Raise RankError if a rank died or a call failed (a long-running loop's end)."""
+        self._check_deaths()
+        for i, conn in enumerate(self.conns):
+            if conn.poll():
+                self._take(i, conn, {})
+                self._fail(i, "its loop ended")
 
     def _collect(self, timeout_s: float) -> list[Any]:
         results: dict[int, Any] = {}
@@ -104,7 +126,7 @@ class RankGroup:
 
     def _check_deaths(self) -> None:
         for i, proc in enumerate(self.procs):
-            if not proc.is_alive() and not self.conns[i].poll():
+            if not proc.is_alive():  # a rank only exits when the group closes
                 self._fail(i, self._death(i))
 
     def _death(self, i: int) -> str:

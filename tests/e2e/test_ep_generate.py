@@ -14,6 +14,7 @@ from dsgraph.runtime.distributed.config import EPConfig
 from dsgraph.runtime.distributed.launch import RankError
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.tools.cli import main
 from tests.oracle import model_fixtures as fx
 from tests.runtime.ep_cases import die_after, layout, load_stats, moved
 from tests.runtime.test_spec_engine import CURVE
@@ -96,3 +97,38 @@ def test_a_dead_rank_ends_the_group_with_an_error_naming_it(model_dir) -> None: 
         llm.generate(PROMPTS, PARAMS)
     assert time.monotonic() - start < 30
     assert llm.group.group.closed and not any(p.is_alive() for p in llm.group.group.procs)
+
+
+@pytest.mark.slow
+def test_cli_generate_ep_prints_the_single_process_outputs(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--prompt", "w1 W2", "--prompt", "w3 w4 w5", "--prompt", "W6", "--max-tokens", "4"]
+    assert main(argv) == 0
+    single = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith(("prompt:", "output:"))
+    ]
+    assert main([*argv, "--ep", "2"]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith(("prompt:", "output:"))] == single
+    assert "expert parallel: 2 ranks, EPLB imbalance (slowest rank / mean)" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ep", "2", "--nnodes", "2"], r"--master-addr \(or \$MASTER_ADDR\) is required with --nnodes 2"),
+        (
+            ["--ep", "3", "--nnodes", "2", "--master-addr", "h", "--master-port", "1"],
+            r"--ep 3 does not split",
+        ),
+        (["--ep", "0"], r"--ep is 0, expected an integer >= 1"),
+        (
+            ["--ep", "2", "--nnodes", "2", "--node-rank", "5", "--master-addr", "h", "--master-port", "9"],
+            r"--node-rank is 5",
+        ),
+    ],
+)
+def test_cli_bad_ep_options_are_named(argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(SystemExit, match=message):
+        main(["generate", "--prompt", "w1", *argv])
