@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--thinking", action="store_true", help="thinking mode for requests that do not choose")
     add_ep_arguments(p)
+    p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU to plan for (default: the GPU's)")
     p.set_defaults(func=main)
 
 
@@ -43,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
     )
+    refuse_unless_fits(args, root)
     engine = Engine(root, config) if args.ep == 1 and args.nnodes == 1 else _group_engine(args, root, config)
     name = args.served_model_name or root.name
     app = create_app(engine, name, recipe_tokenizer(root), thinking=args.thinking)
@@ -68,3 +70,34 @@ def _group_engine(args: argparse.Namespace, root: Path, config: object) -> objec
             engine.group.check()
             time.sleep(1.0)
     return engine
+
+
+def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
+    """Stop before loading anything when this machine's GPUs cannot hold the plan (the `dsgraph plan`
+    breakdown says why), or when there are more ranks than GPUs."""
+    from dsgraph.models.deepseek_v41.config import load_config
+    from dsgraph.platform.devices import device_count, device_memory_bytes
+    from dsgraph.runtime.distributed.plan import GIB, PlanRequest, plan
+    from dsgraph.tools.ep_args import check_gpus
+
+    ep, rv = ep_from_args(args)
+    available = device_count(args.platform)
+    if available is not None:
+        check_gpus(ep, rv, available)
+    mem = args.gpu_mem * GIB if args.gpu_mem is not None else device_memory_bytes(args.platform)
+    if mem is None:
+        return
+    try:
+        req = PlanRequest(
+            gpus=ep.ep,
+            ep=ep.ep,
+            gpu_mem_gib=mem / GIB,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            extra_experts=ep.extra_experts,
+        )
+        p = plan(load_config(root / "config.json"), req)
+    except ValueError as exc:
+        raise SystemExit(f"dsgraph serve: {exc}") from None
+    if not p.fits:
+        raise SystemExit(f"dsgraph serve: the model does not fit; the plan:\n{p.as_text()}")

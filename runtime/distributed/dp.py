@@ -20,7 +20,7 @@ def rank_start(state: dict[str, Any], model: str, config: dict[str, Any], ep_con
     from dsgraph.runtime.engine import Engine, EngineConfig
     from dsgraph.runtime.llm import LLM
 
-    setup = RankSetup(state["rank"], ep_config)
+    setup = RankSetup(state["rank"], ep_config, control=state.get("control"))
     state["setup"] = setup
     state["llm"] = LLM.from_engine(Engine(model, EngineConfig(**config), rank=setup))
 
@@ -47,7 +47,8 @@ class EPRunner:
         rv: Rendezvous | None = None,
     ) -> None:
         self.ep = ep_config.ep
-        self.group = RankGroup(self.ep, rv, timeout_s=ep_config.timeout_s)
+        platform = str(config.get("platform", "cpu"))
+        self.group = RankGroup(self.ep, rv, platform=platform, timeout_s=ep_config.timeout_s)
         try:
             self.group.call(rank_start, [(str(model), config, ep_config)] * len(self.group.ranks))
         except BaseException:

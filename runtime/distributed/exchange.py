@@ -26,12 +26,13 @@ Tensor = torch.Tensor
 def _exchange(send: Tensor, counts: list[int], group: Any) -> tuple[Tensor, list[int]]:
     """all-to-all of rows (`counts[r]` rows to rank r); returns the received rows and their counts."""
     ep = len(counts)
-    sent = torch.tensor(counts, dtype=torch.int64)
-    got = torch.empty(ep, dtype=torch.int64)
+    # the counts travel where the rows are (NCCL moves device tensors only)
+    sent = torch.tensor(counts, dtype=torch.int64, device=send.device)
+    got = torch.empty(ep, dtype=torch.int64, device=send.device)
     dist.all_to_all_single(got, sent, group=group)
     recv_counts = [int(c) for c in got]
     width = send.shape[1]
-    out = torch.empty((sum(recv_counts), width), dtype=send.dtype)
+    out = torch.empty((sum(recv_counts), width), dtype=send.dtype, device=send.device)
     dist.all_to_all_single(
         out.view(-1),
         send.contiguous().view(-1),
@@ -74,16 +75,16 @@ class ExpertExchange:
         return out
 
     def dispatch(self, p: Any, x: Tensor, ids: Tensor, weights: Tensor) -> tuple[Tensor, ...]:
-        table, copies = self.tables[p.moe]
+        table, copies = (a.to(ids.device) for a in self.tables[p.moe])
         t, k = ids.shape
         flat = ids.reshape(-1).long()
-        tokens = torch.arange(t).repeat_interleave(k)
+        tokens = torch.arange(t, device=ids.device).repeat_interleave(k)
         phys = table[flat, tokens % copies[flat]]
         slots = self.placements[p.moe].slots_per_rank
         dest = phys // slots
         order = torch.sort(dest, stable=True).indices  # (destination, token, slot) order
         counts = torch.bincount(dest, minlength=self.ep).tolist()
-        self.counts[p.moe] += np.bincount(flat.numpy(), minlength=len(self.counts[p.moe]))
+        self.counts[p.moe] += np.bincount(flat.cpu().numpy(), minlength=len(self.counts[p.moe]))
         local = (phys % slots).to(torch.int32)[order]
         payload = torch.cat(
             [_bytes(x[tokens[order]]), _bytes(local[:, None]), _bytes(weights.reshape(-1)[order][:, None])], 1
@@ -95,11 +96,14 @@ class ExpertExchange:
     def _received(self, got: Tensor, recv_counts: list[int], x: Tensor, k: int) -> tuple[Tensor, ...]:
         rows, hb = got.shape[0], x.shape[1] * x.element_size()
         xr = got[:, :hb].contiguous().view(x.dtype).reshape(rows, x.shape[1])
-        ids = torch.full((rows, k), -1, dtype=torch.int32)
+        dev = got.device
+        ids = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
         ids[:, 0] = got[:, hb : hb + 4].contiguous().view(torch.int32).reshape(rows)
-        w = torch.zeros((rows, k), dtype=torch.float32)
+        w = torch.zeros((rows, k), dtype=torch.float32, device=dev)
         w[:, 0] = got[:, hb + 4 : hb + 8].contiguous().view(torch.float32).reshape(rows)
-        src = torch.arange(self.ep, dtype=torch.int32).repeat_interleave(torch.tensor(recv_counts))
+        src = torch.arange(self.ep, dtype=torch.int32, device=dev).repeat_interleave(
+            torch.tensor(recv_counts, device=dev)
+        )
         return xr, ids, w, src
 
     def combine(self, p: Any, y: Tensor, src: Tensor, ids: Tensor) -> Tensor:
@@ -107,11 +111,12 @@ class ExpertExchange:
         back_counts = torch.bincount(src.long(), minlength=self.ep).tolist()
         got, _ = _exchange(_bytes(y.float()), back_counts, self.group)
         t, k = ids.shape
-        pairs = torch.empty((t * k, y.shape[1]), dtype=torch.float32)
+        pairs = torch.empty((t * k, y.shape[1]), dtype=torch.float32, device=y.device)
         pairs[order] = got.contiguous().view(torch.float32).reshape(-1, y.shape[1])
         pairs = pairs.reshape(t, k, y.shape[1])
         by_id = torch.sort(ids, dim=1, stable=True).indices
-        out = torch.zeros((t, y.shape[1]), dtype=torch.float32)
+        out = torch.zeros((t, y.shape[1]), dtype=torch.float32, device=y.device)
+        rows = torch.arange(t, device=y.device)
         for j in range(k):  # one rank's moe_experts adds a token's experts in increasing id order
-            out += pairs[torch.arange(t), by_id[:, j]]
+            out += pairs[rows, by_id[:, j]]
         return out

@@ -24,17 +24,24 @@ class RankError(RuntimeError):
 
 
 def _serve(
-    rank: int, ep: int, rv: Rendezvous, backend: str, timeout_s: float, conn: Connection, queues: tuple
+    rank: int, ep: int, rv: Rendezvous, platform: str, timeout_s: float, conn: Connection, queues: tuple
 ) -> None:
     """The rank's loop: join the group, then run each call on `state` and answer (ok, value) or
     (error, traceback)."""
     try:
-        init_group(rv, rank, ep, backend, timeout_s)
+        from dsgraph.platform.devices import bind_rank_device, collective_backend
+
+        bind_rank_device(platform, rank - rv.ranks_here(ep).start)
+        init_group(rv, rank, ep, collective_backend(platform), timeout_s)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
+    import torch.distributed as dist
+
     state: dict[str, Any] = {"rank": rank, "ep": ep, "inbox": queues[0], "outbox": queues[1]}
+    # votes and counts are host values: over NCCL they take a gloo group of their own
+    state["control"] = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
     while True:
         msg = conn.recv()
         if msg is None:
@@ -44,8 +51,6 @@ def _serve(
             conn.send(("ok", fn(state, *args)))
         except Exception:
             conn.send(("error", traceback.format_exc()))
-    import torch.distributed as dist
-
     dist.destroy_process_group()
 
 
@@ -53,7 +58,7 @@ class RankGroup:
     """The ranks `rv.ranks_here(ep)` of this node as child processes (spawned: no inherited state)."""
 
     def __init__(
-        self, ep: int, rv: Rendezvous | None = None, *, backend: str = "gloo", timeout_s: float = 60.0
+        self, ep: int, rv: Rendezvous | None = None, *, platform: str = "cpu", timeout_s: float = 60.0
     ) -> None:
         ctx = mp.get_context("spawn")
         rv = (rv if rv is not None else Rendezvous()).resolved()
@@ -68,7 +73,7 @@ class RankGroup:
             parent, child = ctx.Pipe()
             queues = (inbox, self.outbox)
             proc = ctx.Process(
-                target=_serve, args=(rank, ep, rv, backend, timeout_s, child, queues), daemon=True
+                target=_serve, args=(rank, ep, rv, platform, timeout_s, child, queues), daemon=True
             )
             proc.start()
             self.conns.append(parent)

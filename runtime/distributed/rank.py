@@ -57,7 +57,8 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 class RankSetup:
     rank: int
     config: EPConfig
-    group: Any = None
+    group: Any = None  # the exchange's process group (None: the default one)
+    control: Any = None  # the group of votes and counts (host tensors; None: the default one)
     placements: dict[str, Placement] = field(default_factory=dict)
     exchange: ExpertExchange | None = None
     lockstep: Lockstep | None = None
@@ -98,7 +99,7 @@ class RankSetup:
             dummies["draft"] = lambda: run_draft([])
             drafter.run = lambda reqs, **kw: self.lockstep.run("draft", lambda: run_draft(reqs, **kw))
             self._weight_dicts.append(drafter.weights)
-        self.lockstep = Lockstep(self.config.ep, dummies, self._on_round, self.group)
+        self.lockstep = Lockstep(self.config.ep, dummies, self._on_round, self.control)
         session.run = lambda step, fix=None: self.lockstep.run("step", lambda: run_step(step, fix))
         interval = self.config.interval
         self._next = max(1, interval // 4) if interval else 0
@@ -120,7 +121,7 @@ class RankSetup:
         names = list(self.placements)
         parts = [self.stats.loads(m, self.placements[m].num_logical).astype(np.int64) for m in names]
         flat = torch.from_numpy(np.concatenate(parts)) if parts else torch.zeros(0, dtype=torch.int64)
-        dist.all_reduce(flat, group=self.group)
+        dist.all_reduce(flat, group=self.control)
         out, at = {}, 0
         for m, c in zip(names, parts, strict=True):
             out[m], at = flat[at : at + len(c)].numpy(), at + len(c)

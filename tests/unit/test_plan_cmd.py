@@ -51,3 +51,36 @@ def test_flash_needs_more_than_one_h200(capsys: pytest.CaptureFixture[str]) -> N
 def test_bad_options_are_named(argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit, match=message):
         main(["plan", "--flash", *argv])
+
+
+def test_serve_refuses_to_start_with_the_breakdown_when_it_does_not_fit() -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--gpu-mem", "0.001", "--max-model-len", "64"])
+    text = str(e.value)
+    assert "dsgraph serve: the model does not fit" in text
+    for kind in ("dense weights", "experts", "caches", "captured-graph pools", "workspace"):
+        assert kind in text
+
+
+def test_serve_with_room_passes_the_check() -> None:
+    import argparse
+
+    from dsgraph.tools.generate_cmd import default_model_dir
+    from dsgraph.tools.serve_cmd import refuse_unless_fits
+
+    args = argparse.Namespace(
+        command="serve",
+        platform="cpu",
+        gpu_mem=100.0,
+        max_model_len=64,
+        max_num_seqs=2,
+        ep=2,
+        nnodes=1,
+        node_rank=0,
+        master_addr=None,
+        master_port=None,
+        eplb_interval=None,
+        eplb_window=None,
+        extra_experts=None,
+    )
+    refuse_unless_fits(args, default_model_dir())  # no SystemExit
