@@ -87,6 +87,12 @@ def test_bad_ep_options_name_the_option_and_the_allowed_values() -> None:
     with pytest.raises(ValueError, match=r"--node-rank is 2, expected 0..1 \(--nnodes 2\)"):
         Rendezvous(nnodes=2, node_rank=2)
     with pytest.raises(ValueError, match=r"--ep 3 does not split over --nnodes 2"):
-        Rendezvous(nnodes=2).ranks_here(3)
+        Rendezvous(master_port=1, nnodes=2).ranks_here(3)
     with pytest.raises(ValueError, match="every one of the 3 experts needs a replica"):
         Placement(3, 2, (0, 1, 1, 0))
+
+
+def test_a_free_port_needs_one_node() -> None:
+    with pytest.raises(ValueError, match=r"--master-port is 0, expected 1..65535 \(--nnodes 2\)"):
+        Rendezvous(nnodes=2)
+    assert Rendezvous().resolved().master_port > 0
