@@ -5,7 +5,7 @@ The shared expert is not an op of its own: it is `linear` w1, `linear` w3, `swig
 
 from __future__ import annotations
 
-from dsgraph.graph.op import ShapeError, declare_op, params
+from dsgraph.graph.op import ShapeError, declare_op, params, shape_field
 from dsgraph.graph.types import Dim, TensorType
 from dsgraph.ops import rules as R
 
@@ -13,7 +13,15 @@ ACTIVATION_DTYPES = ("f32", "bf16", "f16")
 WEIGHT_FORMATS = ("dense", "mxfp4_rows")
 ACT_QUANTS = ("none", "fp8_g32")
 
-__all__ = ["ACT_QUANTS", "WEIGHT_FORMATS", "moe_experts", "moe_route", "swiglu"]
+__all__ = [
+    "ACT_QUANTS",
+    "WEIGHT_FORMATS",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_experts",
+    "moe_route",
+    "swiglu",
+]
 
 
 def _require_shape(t: TensorType, shape: tuple[Dim, ...], what: str) -> None:
@@ -68,6 +76,76 @@ moe_route = declare_op(
     "the topk experts of s + bias (the bias only selects; equal scores -> lowest expert id first), in "
     "descending order of s + bias; weights = s[ids] / (sum s[ids] + 1e-20) * routed_scaling. A [T, E] bias "
     "picks a bias per row (image rows use the gate's bias_vl).",
+    num_inputs=3,
+)
+
+
+@params
+class MoeDispatchParams:
+    moe: str  # the MoE's weight prefix: names its expert placement on an EP group
+    # (rows,): the rows the experts receive; x's rows on one rank, a dim of this MoE's own on a group
+    rows: tuple[Dim, ...] = shape_field()
+
+
+def _moe_dispatch_rule(p: MoeDispatchParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    x, ids, weights = ts
+    R.require_dtype(x, ACTIVATION_DTYPES, "x")
+    R.require_rank(x, 2, "x")
+    R.require_dtype(ids, ("i32",), "ids")
+    R.require_rank(ids, 2, "ids")
+    R.require_dim(ids.shape[0], x.shape[0], f"rows of ids {ids} vs x {x}")
+    R.require_dtype(weights, ("f32",), "weights")
+    _require_shape(weights, ids.shape, "weights (like ids)")
+    if len(p.rows) != 1:
+        raise ShapeError(f"rows must be one dim, got {list(p.rows)}")
+    rows, k = p.rows[0], ids.shape[1]
+    return (
+        TensorType((rows, x.shape[1]), x.dtype),
+        TensorType((rows, k), "i32"),
+        TensorType((rows, k), "f32"),
+        TensorType((rows,), "i32"),
+    )
+
+
+moe_dispatch = declare_op(
+    "moe_dispatch",
+    MoeDispatchParams,
+    _moe_dispatch_rule,
+    "`x [T, H], ids [T, k] i32, weights [T, k] f32` -> `(x_e [rows, H], ids_e [rows, k] i32, weights_e "
+    "[rows, k] f32, src [rows] i32)`: the rows this rank's experts compute. On one rank the identity "
+    "(rows = T, src = 0). On an expert-parallel group (runtime/distributed) each (token, slot) pair goes to "
+    "a rank holding a replica of its expert: one received row per pair, its local expert slot in column 0 "
+    "and -1 (padding) in the other columns; src names the rank it came from, received rows ordered by "
+    "(source rank, token, slot).",
+    num_inputs=3,
+)
+
+
+@params
+class MoeCombineParams:
+    moe: str
+
+
+def _moe_combine_rule(p: MoeCombineParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    y, src, ids = ts
+    R.require_dtype(y, ("f32",), "y")
+    R.require_rank(y, 2, "y")
+    R.require_dtype(src, ("i32",), "src")
+    _require_shape(src, (y.shape[0],), "src [rows]")
+    R.require_dtype(ids, ("i32",), "ids")
+    R.require_rank(ids, 2, "ids")
+    return (TensorType((ids.shape[0], y.shape[1]), "f32"),)
+
+
+moe_combine = declare_op(
+    "moe_combine",
+    MoeCombineParams,
+    _moe_combine_rule,
+    "`y [rows, H] f32 (the experts' outputs of moe_dispatch's rows), src [rows] i32, ids [T, k] i32 (the "
+    "routing)` -> `[T, H] f32`: on one rank the identity (rows = T). On an expert-parallel group "
+    "each pair's output returns to its token's rank, which adds a token's pairs from zero in increasing "
+    "expert id order: the order and arithmetic of moe_experts' own sum, so the result equals one rank's "
+    "bit for bit.",
     num_inputs=3,
 )
 

@@ -68,6 +68,9 @@ class Program:
     memory: MemoryPlan | None
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     inplace: Mapping[str, Inplace] = field(default_factory=dict)
+    # the platform it was lowered onto, for re-lowering a symbolic program onto the same rules (an
+    # expert-parallel group's platform binds its own collective rules: runtime/distributed)
+    source: Platform | None = field(default=None, compare=False, repr=False)
 
     def as_text(self) -> str:
         lines = [f"program {self.graph.name} on {self.platform}: {len(self.steps)} steps"]
@@ -104,4 +107,4 @@ def lower(graph: Graph, platform: Platform | str) -> Program:
     steps = tuple(LoweredStep(e, plat.rule_for(e, f"{where}eqn {i} ")) for i, e in enumerate(graph.eqns))
     concrete = not graph.symbols
     memory = plan_memory(graph) if concrete else None
-    return Program(graph, plat.name, steps, memory, plat.fallbacks, plat.inplace)
+    return Program(graph, plat.name, steps, memory, plat.fallbacks, plat.inplace, plat)

@@ -6,10 +6,12 @@ tokens reach the host (zero-overhead scheduling, runtime/engine_overlap.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -160,8 +162,12 @@ class TokenEvent:
 
 
 class Engine:
-    def __init__(self, model_dir: str | Path, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(
+        self, model_dir: str | Path, config: EngineConfig = EngineConfig(), *, rank: Any = None
+    ) -> None:
+        """`rank`: a `runtime.distributed.rank.RankSetup` makes this one rank of an expert-parallel group."""
         root = Path(model_dir)
+        self.model_dir = root
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
         cfg = load_config(root)
         self.config, self.cfg = config, cfg
@@ -170,11 +176,16 @@ class Engine:
         num = numerics_for(config.numerics)
         max_len = _checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
         weights = _load_weights(root, cfg, config, num, token_map)
+        if rank is not None:
+            weights = rank.local_weights(weights)
         spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
+        if rank is not None:
+            self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()
-        self.session = Session(self.model, weights, sizes, platform=config.platform)
+        platform = rank.platform(config.platform) if rank is not None else config.platform
+        self.session = Session(self.model, weights, sizes, platform=platform)
         self.sampler = Sampler(cfg.text.vocab_size)
         self.spec: SpecDecoder | None = None
         curve = None
@@ -201,6 +212,8 @@ class Engine:
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
         self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
+        if rank is not None:
+            rank.bind(self)
 
     def _cache_sizes(self) -> CacheSizes:
         c, geo = self.config, self.model.geo

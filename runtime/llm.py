@@ -69,18 +69,47 @@ def _prompt_fields(item: object) -> tuple[str | None, list[int] | None]:
     )
 
 
+def _tokenizer(model_dir: Path) -> Any:
+    """The engine's tokenizer of a checkpoint, for a front process that holds no engine."""
+    from dsgraph.models.deepseek_v41.config import load_config
+    from dsgraph.models.deepseek_v41.engram_map import load_tokenizer
+
+    return load_tokenizer(model_dir, load_config(model_dir).text.vocab_size)
+
+
 class LLM:
-    def __init__(self, model: str | Path | None = None, **config: object) -> None:
+    def __init__(self, model: str | Path | None = None, *, ep: object = 1, **config: object) -> None:
+        """`ep` > 1 (or an `EPConfig`): that many rank processes, data-parallel attention and
+        expert-parallel MoE (runtime/distributed); `generate` spreads the prompts over them."""
         if model is None:
             from dsgraph.tools.generate_cmd import default_model_dir
 
             model = default_model_dir()
         self.model_dir = Path(model)
-        self.engine = Engine(model, EngineConfig(**config))  # type: ignore[arg-type]
-        self.tokenizer = self.engine.tokenizer
+        self.group = None
         self._ids = itertools.count()
         self._request_ids = itertools.count()
         self._recipe_tok: Any = None  # deepseek-recipe's tokenizer, loaded by the first chat()
+        from dsgraph.runtime.distributed.config import EPConfig
+
+        ep_config = ep if isinstance(ep, EPConfig) else EPConfig(ep=int(ep))  # type: ignore[call-overload]
+        if ep_config.ep > 1:
+            from dsgraph.runtime.distributed.dp import EPRunner
+
+            EngineConfig(**config)  # type: ignore[arg-type]  # bad options fail here, before any rank starts
+            self.group = EPRunner(model, ep_config, dict(config))
+            self.tokenizer = _tokenizer(self.model_dir)
+            return
+        self.engine = Engine(model, EngineConfig(**config))  # type: ignore[arg-type]
+        self.tokenizer = self.engine.tokenizer
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """An LLM over an engine built elsewhere (one rank of an expert-parallel group)."""
+        llm = cls.__new__(cls)
+        llm.model_dir, llm.group, llm.engine, llm.tokenizer = engine.model_dir, None, engine, engine.tokenizer
+        llm._ids, llm._request_ids, llm._recipe_tok = itertools.count(), itertools.count(), None
+        return llm
 
     def _requests(self, prompts: Prompt | Sequence[Prompt], params: Params) -> list[_Request]:
         items = [prompts] if _is_single(prompts) else list(prompts)  # type: ignore[arg-type]
@@ -140,6 +169,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in prompt order. `use_tqdm`: a bar of finished
         prompts on stderr (off by default, unlike vLLM: library calls stay quiet)."""
+        if self.group is not None:
+            return self.group.generate([prompts] if _is_single(prompts) else list(prompts), sampling_params)
         final: dict[int, RequestOutput] = {}
         count = 1 if _is_single(prompts) else len(prompts)  # type: ignore[arg-type]
         with tqdm(total=count, unit="prompt", disable=not use_tqdm) as bar:

@@ -7,6 +7,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
 
@@ -35,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop before this many tokens")
     add_engine_args(p)
+    add_ep_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -49,20 +53,15 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dsgraph.runtime.llm import LLM
-    from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+    from dsgraph.runtime.sampling_params import RequestError
 
     if not args.model:
         where = default_model_dir()
         print(f"no --model given: using the embedded tiny model at {where} (its weights are random)")
+    if args.ep != 1 or args.nnodes != 1:
+        return _main_group(args)
     try:
-        params = SamplingParams(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_tokens=args.max_tokens,
-            min_tokens=args.min_tokens,
-            seed=args.seed,
-        )
+        params = _params(args)
         llm = LLM(args.model, **engine_kwargs(args))
         params.validate(llm.engine.cfg.text.vocab_size)
     except (RequestError, ValueError) as exc:
@@ -111,4 +110,48 @@ def _print_spec_stats(stats: dict[str, object] | None) -> None:
         f"speculative ({stats['mode']}): {stats['accepted_tokens']} of {stats['verified_tokens']} drafts "
         f"accepted (rate {fmt(stats['accept_rate'])}, per position {positions}), mean accepted length "
         f"{fmt(stats['mean_accepted_len'])}, confidence calibration error {fmt(stats['calibration_ece'])}"
+    )
+
+
+def _main_group(args: argparse.Namespace) -> int:
+    """--ep N: the prompts spread over N rank processes (runtime/distributed); outputs in prompt order."""
+    from dsgraph.runtime.distributed.dp import EPRunner
+
+    ep, rv = ep_from_args(args)
+    params, config = _params(args), engine_kwargs(args)
+    runner = EPRunner(args.model or default_model_dir(), ep, config, rv)
+    try:
+        prompts = _prompts(args) if rv.node_rank == 0 else []
+        outs = runner.generate(prompts, params)
+        for prompt, out in zip(prompts, outs, strict=True):
+            shown = (
+                f"error: {out.error}"
+                if out.error
+                else f"{out.outputs[0].text!r} ({out.outputs[0].finish_reason})"
+            )
+            print(f"prompt: {prompt!r}\noutput: {shown}")
+        stats = runner.call(rank_load_stats)
+        worst = max(s["imbalance"] for s in stats)
+        print(f"expert parallel: {ep.ep} ranks, EPLB imbalance (slowest rank / mean) {worst:.3f}")
+    finally:
+        runner.close()
+    return 0 if all(o.error is None for o in outs) else 2
+
+
+def rank_load_stats(setup: object, _engine: object) -> dict[str, float]:
+    """Every rank at once (a collective): the window's imbalance now, then the rank's figures."""
+    setup.measure()  # type: ignore[attr-defined]
+    return setup.load_stats()  # type: ignore[attr-defined]
+
+
+def _params(args: argparse.Namespace) -> Any:
+    from dsgraph.runtime.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        min_tokens=args.min_tokens,
+        seed=args.seed,
     )

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
+from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 from dsgraph.tools.generate_cmd import default_model_dir
 
 
@@ -30,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_engine_args(p)
     _add_limits(p)
+    add_ep_arguments(p)
+    p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU to plan for (default: the GPU's)")
     p.set_defaults(func=main)
 
 
@@ -90,7 +94,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
     try:
         config = EngineConfig(**engine_kwargs(args), check_weights=args.check_weights)
-        engine = Engine(root, config)
+        refuse_unless_fits(args, root)
+        single = args.ep == 1 and args.nnodes == 1
+        engine = Engine(root, config) if single else _group_engine(args, root, config)
     except (ValueError, FileNotFoundError) as exc:  # a bad option or an absent device: one clear line
         print(f"dsgraph serve: {exc}", file=sys.stderr)
         return 2
@@ -120,4 +126,52 @@ def main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         app.state.server.close()
+        if hasattr(engine, "runner"):
+            engine.close()
     return 0
+
+
+def _group_engine(args: argparse.Namespace, root: Path, config: object) -> object:
+    """--ep N: N rank processes behind this process's API (runtime/distributed/front.py). A node other
+    than 0 runs its ranks (experts and dummy rounds) until the group ends."""
+    from dsgraph.runtime.distributed.front import GroupEngine
+
+    ep, rv = ep_from_args(args)
+    engine = GroupEngine(root, config, ep, rv)
+    if rv.node_rank != 0:
+        print(f"node {rv.node_rank}: ranks {list(rv.ranks_here(ep.ep))} joined the group at {rv.master_addr}")
+        while True:
+            engine.group.check()
+            time.sleep(1.0)
+    return engine
+
+
+def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
+    """Stop before loading anything when this machine's GPUs cannot hold the plan (the `dsgraph plan`
+    breakdown says why), or when there are more ranks than GPUs."""
+    from dsgraph.models.deepseek_v41.config import load_config
+    from dsgraph.platform.devices import device_count, device_memory_bytes
+    from dsgraph.runtime.distributed.plan import GIB, PlanRequest, plan
+    from dsgraph.tools.ep_args import check_gpus
+
+    ep, rv = ep_from_args(args)
+    available = device_count(args.platform)
+    if available is not None:
+        check_gpus(ep, rv, available)
+    mem = args.gpu_mem * GIB if args.gpu_mem is not None else device_memory_bytes(args.platform)
+    if mem is None:
+        return
+    try:
+        req = PlanRequest(
+            gpus=ep.ep,
+            ep=ep.ep,
+            gpu_mem_gib=mem / GIB,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            extra_experts=ep.extra_experts,
+        )
+        p = plan(load_config(root / "config.json"), req)
+    except ValueError as exc:
+        raise SystemExit(f"dsgraph serve: {exc}") from None
+    if not p.fits:
+        raise SystemExit(f"dsgraph serve: the model does not fit; the plan:\n{p.as_text()}")

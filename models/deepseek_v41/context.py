@@ -28,6 +28,7 @@ class Forward:
     topk: dict[int, Tracer] = field(default_factory=dict)  # index layer -> its selection [T, k]
     candidates: Tracer | None = None  # candidate-source mask [T, E] of the ratio-1 source
     debug: dict[str, Tracer] | None = None  # extra outputs for tests and dumps (`trace_step(debug=True)`)
+    expert_parallel: bool = False  # the MoEs exchange rows over an EP group (ffn_block.moe)
 
     def record(self, name: str, value: Tracer) -> None:
         if self.debug is not None:

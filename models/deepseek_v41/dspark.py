@@ -161,7 +161,15 @@ def trace_draft(
     text = model.cfg.text
 
     def draft(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
-        f = Forward(text, model.num, weights, step, caches, debug={} if debug else None)
+        f = Forward(
+            text,
+            model.num,
+            weights,
+            step,
+            caches,
+            debug={} if debug else None,
+            expert_parallel=model.expert_parallel,
+        )
         x, a = embed(f), None
         for k, plan in enumerate(draft_plans(text)):
             x, a = _stage(f, plan, k, x, a)

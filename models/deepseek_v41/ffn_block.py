@@ -31,17 +31,22 @@ def moe(f: Forward, layer: int, u: Tracer, *, prefix: str | None = None) -> Trac
         routed_scaling=float(t.routed_scaling_factor),
     )
     operands, fmt = _expert_args(f, p)
+    # On an expert-parallel group the experts receive a number of rows only the exchange knows: a dim of
+    # this MoE's own (runtime/distributed); on one rank dispatch and combine are the identity.
+    rows = "ep_rows_" + p.strip(".").replace(".", "_") if f.expert_parallel else u.shape[0]
+    x_e, ids_e, weights_e, src = op.moe_dispatch(u, ids, weights, moe=p, rows=(rows,))
     # serving: each routed expert's gate/up and down GEMM outputs are BF16; the combine adds in f32 (5b)
-    routed = op.moe_experts(
-        u,
-        ids,
-        weights,
+    y = op.moe_experts(
+        x_e,
+        ids_e,
+        weights_e,
         *operands,
         swiglu_limit=float(t.swiglu_limit),
         out_dtype="f32",
         gemm_out_dtype=f.num.act_dtype,
         **fmt,
     )
+    routed = op.moe_combine(y, src, ids, moe=p)
     sp = p + "ffn.shared_experts."
     g = f.linear(u, sp + "w1.weight")  # serving: BF16 gate/up GEMM outputs (5b)
     v = f.linear(u, sp + "w3.weight")

@@ -27,6 +27,8 @@ class V41Model:
     engram_pad_id: int
     # The step also writes the DSpark context rings `dspark.ring{s}` (reads `mtp.*` context weights).
     dspark: bool = False
+    # The MoEs' experts run on an expert-parallel group (runtime/distributed): dispatch/combine exchange rows.
+    expert_parallel: bool = False
 
     def step_types(self) -> dict[str, TensorType]:
         return step_types(self.cfg.text, self.plans, self.geo)
@@ -72,6 +74,7 @@ def trace_step(
             caches,
             engram_pad_id=model.engram_pad_id,
             debug={} if debug else None,
+            expert_parallel=model.expert_parallel,
         )
         targets = model.cfg.text.dspark_target_layer_ids if model.dspark else ()
         return forward(f, model.plans, model.tables, tuple(targets))

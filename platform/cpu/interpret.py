@@ -102,7 +102,7 @@ def run_program(
     device = values[0].device if values else torch.device("cpu")
     if program.memory is None:  # lowered with symbolic dims (no memory plan): shape params may hold them,
         # so run the graph specialized to the sizes the inputs bound
-        program = lower(specialize(graph, sizes), program.platform)
+        program = lower(specialize(graph, sizes), program.source or program.platform)
     for i, step in enumerate(program.steps):
         _run_eqn(i, step.eqn, step.rule, env, sizes, device)
     return {n: _value(a, env, device) for a, n in zip(graph.outputs, graph.output_names, strict=True)}

@@ -91,8 +91,19 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
     return out.to(to_torch(p.out_dtype))
 
 
+def moe_dispatch(_p: Any, x: Tensor, ids: Tensor, weights: Tensor) -> tuple[Tensor, ...]:
+    """One rank: every expert is here, the rows stay as they are (an EP group binds its own rule)."""
+    return x, ids, weights, torch.zeros(x.shape[0], dtype=torch.int32, device=x.device)
+
+
+def moe_combine(_p: Any, y: Tensor, _src: Tensor, _ids: Tensor) -> Tensor:
+    return y
+
+
 RULES: dict[str, Any] = {
     "moe_route": moe_route,
+    "moe_dispatch": moe_dispatch,
+    "moe_combine": moe_combine,
     "moe_experts": moe_experts,
     "swiglu": swiglu,
 }

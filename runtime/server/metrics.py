@@ -56,6 +56,13 @@ class Metrics:
             lambda: loop.usage.slots_in_use,
         )
         self._gauge("dsgraph_state_slots_total", "state slots of the engine", lambda: loop.usage.num_slots)
+        eplb = getattr(loop.engine, "eplb_stats", None)  # an expert-parallel group (runtime/distributed)
+        if eplb is not None:
+            self._gauge(
+                "dsgraph_eplb_imbalance",
+                "expert load: the slowest rank's tokens over the mean rank's, over the EPLB window",
+                lambda: eplb().get("imbalance", 1.0),
+            )
 
     def _gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
