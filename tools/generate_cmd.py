@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
-
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
+from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 
 DEFAULT_PROMPT = "w1 W2 w3 w4"
 
