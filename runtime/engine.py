@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
-from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig, StepPlan, model_inputs
+from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan, model_inputs
 from dsgraph.runtime.session import CacheSizes, Session, size_caches
 from dsgraph.runtime.spec_engine import SeqInfo, SpecDecoder, Verified
 from dsgraph.runtime.spec_setup import SpecSetup, check_spec_config, setup_spec
@@ -88,9 +88,22 @@ class EngineConfig:
     # step N+2 while the device runs step N+1. "auto": on for platform cuda without DSpark drafting, off
     # on cpu; "on" / "off". Steps with prompt logprobs or teacher-forced tokens run without overlap.
     overlap: str = "auto"
+    # Prefill/decode disaggregation (runtime/kvstore/pd_engines.py): "normal" prefills and decodes;
+    # "prompt" prefills, hands the caches off and stops at the first token; "completion" admits handed-off
+    # requests and decodes. Overlap and DSpark drafting run on normal engines only.
+    engine_type: str = "normal"
 
     def __post_init__(self) -> None:
         check_spec_config(self)
+        if self.engine_type not in ("normal", "prompt", "completion"):
+            raise ValueError(
+                f"engine_type: {self.engine_type!r}, expected 'normal', 'prompt' or 'completion'"
+            )
+        if self.engine_type != "normal" and (self.overlap == "on" or self.speculative == "dspark"):
+            raise ValueError(
+                f"engine_type: {self.engine_type!r} runs without overlap and drafting; "
+                f"got overlap={self.overlap!r}, speculative={self.speculative!r}"
+            )
         if self.overlap not in ("auto", "on", "off"):
             raise ValueError(f"overlap: {self.overlap!r}, expected 'auto', 'on' or 'off'")
         if self.load_format not in ("auto", "dummy"):
@@ -178,7 +191,8 @@ class Engine:
         weights = _load_weights(root, cfg, config, num, token_map)
         if rank is not None:
             weights = rank.local_weights(weights)
-        spec = SpecSetup.resolve(config, cfg, weights, platform=config.platform)
+        drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
+        spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
         if rank is not None:
@@ -203,11 +217,13 @@ class Engine:
                 num_slots=sizes.num_slots,
                 max_num_batched_tokens=config.max_num_batched_tokens,
                 enable_prefix_cache=config.enable_prefix_cache,
+                engine_type=getattr(EngineType, config.engine_type.upper()),
                 **spec.scheduler_fields(),
             ),
             curve,
         )
-        self.overlap = OverlapLoop(self) if resolve_overlap(config, spec.enabled) else None
+        overlap = config.engine_type == "normal" and resolve_overlap(config, spec.enabled)
+        self.overlap = OverlapLoop(self) if overlap else None
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
