@@ -156,7 +156,7 @@ def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
 
     ep, rv = ep_from_args(args)
     available = device_count(args.platform)
-    if available is not None:
+    if available:  # no device at all: the engine names the missing platform (DeviceUnavailable)
         check_gpus(ep, rv, available)
     mem = args.gpu_mem * GIB if args.gpu_mem is not None else device_memory_bytes(args.platform)
     if mem is None:

@@ -11,11 +11,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from dsgraph.runtime.distributed.group import Rendezvous, init_group
+from dsgraph.runtime.server.errors import PublicError
 
 Call = Callable[..., Any]
 
 
-class RankError(RuntimeError):
+class RankError(PublicError):
     """A rank died, failed a call, or did not answer in time; the message names the rank and the cause."""
 
     def __init__(self, rank: int, cause: str) -> None:

@@ -28,7 +28,7 @@ from dsgraph.runtime.server.access import install_access
 from dsgraph.runtime.server.apis import APIS, Api, Event
 from dsgraph.runtime.server.completions import add_completions
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
-from dsgraph.runtime.server.errors import ApiError
+from dsgraph.runtime.server.errors import ApiError, PublicError
 from dsgraph.runtime.server.hooks import FAULT_FIELD, FORCED_FIELD, fault_after, forced_ids
 from dsgraph.runtime.server.lifecycle import Drain
 from dsgraph.runtime.server.limits import (
@@ -338,8 +338,10 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if state.loop.error is not None:
-            return JSONResponse({"status": "error", "error": "the engine is down"}, status_code=503)
+        if state.loop.error is not None:  # only a PublicError's text is shown: never an internal repr
+            cause = state.loop.error
+            said = str(cause) if isinstance(cause, PublicError) else "the engine is down"
+            return JSONResponse({"status": "error", "error": said}, status_code=503)
         if state.drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})

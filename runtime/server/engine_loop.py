@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import SamplingParams
+from dsgraph.runtime.server.errors import PublicError
 
 
-class EngineDead(RuntimeError):
+class EngineDead(PublicError):
     """The engine thread has stopped; no request can be served."""
 
 

@@ -38,3 +38,8 @@ class ApiError(Exception):
         except ValueError:
             pass  # keep our own body when the recipe's is not JSON
         return err
+
+
+class PublicError(RuntimeError):
+    """A failure whose message is written for clients (it names the cause in words, never a repr), so
+    /health may show it: the engine being down, a dead rank of an expert-parallel group."""

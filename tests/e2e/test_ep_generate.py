@@ -29,9 +29,9 @@ PARAMS = [
     SamplingParams(temperature=0.8, seed=12, max_tokens=6, ignore_eos=True),
     SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
     # prompts of their own (no cache hit in any run): every prompt position has a logprob
-    SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=True),
-    SamplingParams(temperature=1.0, seed=13, max_tokens=6, ignore_eos=True, prompt_logprobs=True),
-    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=True),
+    SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0),
+    SamplingParams(temperature=1.0, seed=13, max_tokens=6, ignore_eos=True, prompt_logprobs=0),
+    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2),
 ]
 CONFIG: dict[str, Any] = dict(
     max_model_len=64,

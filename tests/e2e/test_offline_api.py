@@ -4,7 +4,6 @@ skip_special_tokens) on the tiny random checkpoint."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -64,7 +63,7 @@ def test_chat_renders_exactly_as_the_server(llm: LLM) -> None:
 
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "w1 W2"}]
     out = llm.chat(messages, GREEDY)
-    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 6}).encode()
+    body = {"model": "m", "messages": messages, "max_tokens": 6}  # parsed, as limits.parse_json gives it
     served = prepare(
         CHAT, body, conversion_options("m", False), recipe_tokenizer(llm.model_dir), llm.tokenizer, 256
     )

@@ -164,7 +164,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert int(counts.sum()) == len(cached) == n.num_idle_pages(r)
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=50, deadline=None)
+# derandomize: the same 25 runs every time, so a CI result is reproducible. The livelock this machine
+# once found at random is kept as its own strict xfail (test_scheduler_livelock.py) until it is fixed.
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=25, stateful_step_count=50, deadline=None, derandomize=True
+)
 TestSchedulerMachine = SchedulerMachine.TestCase
 
 
