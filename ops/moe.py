@@ -87,8 +87,8 @@ class MoeDispatchParams:
     rows: tuple[Dim, ...] = shape_field()
 
 
-def _moe_dispatch_rule(p: MoeDispatchParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
-    x, ids, weights = ts
+def _require_routed_rows(x: TensorType, ids: TensorType, weights: TensorType) -> None:
+    """x [rows, hidden] activations with its routing: ids [rows, k] i32, weights [rows, k] f32."""
     R.require_dtype(x, ACTIVATION_DTYPES, "x")
     R.require_rank(x, 2, "x")
     R.require_dtype(ids, ("i32",), "ids")
@@ -96,6 +96,11 @@ def _moe_dispatch_rule(p: MoeDispatchParams, ts: tuple[TensorType, ...]) -> tupl
     R.require_dim(ids.shape[0], x.shape[0], f"rows of ids {ids} vs x {x}")
     R.require_dtype(weights, ("f32",), "weights")
     _require_shape(weights, ids.shape, "weights (like ids)")
+
+
+def _moe_dispatch_rule(p: MoeDispatchParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    x, ids, weights = ts
+    _require_routed_rows(x, ids, weights)
     if len(p.rows) != 1:
         raise ShapeError(f"rows must be one dim, got {list(p.rows)}")
     rows, k = p.rows[0], ids.shape[1]
@@ -203,13 +208,7 @@ def _moe_experts_rule(p: MoeExpertsParams, ts: tuple[TensorType, ...]) -> tuple[
     if len(ts) != want:
         raise ShapeError(f"weight_format {p.weight_format!r} takes {want} operands, got {len(ts)}")
     x, ids, weights = ts[:3]
-    R.require_dtype(x, ACTIVATION_DTYPES, "x")
-    R.require_rank(x, 2, "x")
-    R.require_dtype(ids, ("i32",), "ids")
-    R.require_rank(ids, 2, "ids")
-    R.require_dim(ids.shape[0], x.shape[0], f"rows of ids {ids} vs x {x}")
-    R.require_dtype(weights, ("f32",), "weights")
-    _require_shape(weights, ids.shape, "weights (like ids)")
+    _require_routed_rows(x, ids, weights)
     _expert_weight_types(p, ts[3:], x.shape[1])
     if p.act_quant == "fp8_g32":
         inter = ts[3].shape[1]

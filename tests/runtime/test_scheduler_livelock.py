@@ -9,20 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsgraph.runtime.scheduler import Scheduler, SchedulerConfig
+from dsgraph.runtime.scheduler import Scheduler
+from tests.runtime.test_scheduler_properties import CONFIG  # the machine that found it
 
-CONFIG = SchedulerConfig(
-    max_num_seqs=3,
-    max_num_batched_tokens=8,
-    max_model_len=40,
-    page_size=2,
-    ratios=(1, 2),
-    num_pages=(24, 16),
-    num_slots=4,
-    buckets=(1, 2, 4, 8),
-    vocab_size=50,
-    replay_tokens=2,
-)
 BASE = [(7 * i + 3) % 47 + 2 for i in range(30)]
 
 
