@@ -374,7 +374,7 @@ class Engine:
         rows = torch.from_numpy(np.array(plan.sample_rows)).long()
         positions = torch.from_numpy(np.array(plan.positions))[rows]
         params, seeds = [lv.params for lv in live], [lv.seed for lv in live]
-        allowed = self.structured.decode_mask([int(r) for r in plan.sample_rids])
+        allowed = self.structured.decode_mask(plan.sample_rids)
         s = self.sampler.sample(logits, params, seeds, positions + 1, to_host=to_host, allowed=allowed)
         if allowed is not None and to_host and bool((s.tokens < 0).any()):  # fails the step, not the engine
             raise RuntimeError("a structured_outputs grammar allowed no token of the vocabulary")

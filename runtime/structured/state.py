@@ -128,7 +128,9 @@ class StructuredState:
 
     def decode_mask(self, rids: Sequence[int]) -> torch.Tensor | None:
         """The bitmask of sample rows owned by `rids` (one row each), or None when none is constrained."""
-        rows = [(i, self.grammars[r]) for i, r in enumerate(rids) if r in self.grammars]
+        if not self.grammars:  # the common step: nothing to look up
+            return None
+        rows = [(i, self.grammars[int(r)]) for i, r in enumerate(rids) if int(r) in self.grammars]
         if not rows:
             return None
         mask = self._blank(len(rids))
