@@ -105,14 +105,42 @@ def _call(s: Shape, x: torch.Tensor, w: tuple, tiles: Tiles) -> torch.Tensor:
     return rule(_params(s), x, *w, tiles=tiles)
 
 
+# BF16-path candidates (linear_bf16_tl) per M class, timed when --paths names bf16 or bf16_pre.
+BF16_CANDIDATES: dict[int, tuple[Tiles, ...]] = {
+    16: (Tiles(64, 32, 128, 4, 4), Tiles(64, 64, 128, 4, 4), Tiles(64, 32, 256, 4, 3), Tiles(64, 16, 128, 4, 4)),
+    64: (Tiles(64, 64, 128, 4, 4), Tiles(64, 32, 128, 4, 4), Tiles(64, 128, 64, 4, 4), Tiles(64, 64, 256, 4, 3)),
+    1 << 62: (
+        Tiles(128, 128, 64, 8, 3),
+        Tiles(128, 256, 64, 8, 3),
+        Tiles(128, 128, 128, 8, 3),
+        Tiles(256, 128, 64, 8, 3),
+        Tiles(128, 128, 64, 4, 4),
+    ),
+}
+PATHS = ["fp8"]  # set by --paths
+
+
+def _reference_tiles(path: str) -> Tiles:
+    """The tiles every config of one path is compared with bit for bit (batch invariance in a family)."""
+    return lin.HOPPER_TILES._replace(path=path)
+
+
 def _configs(s: Shape, m: int) -> list[Tiles]:
-    """HOPPER_TILES, the table's pick, then M's class candidates; prequant only matters for fp8 x."""
+    """Per path: its reference tiles, (fp8) the table's pick and M's class candidates, (bf16 paths) the
+    BF16 candidates of M's class; prequant only matters for fp8 x."""
     bound = next((b for b, _ in lin.TILE_TABLE if m <= b), lin.TILE_TABLE[-1][0])
     out: list[Tiles] = []
-    for t in (lin.HOPPER_TILES, lin.tiles_for(m), *lin.CANDIDATES.get(bound, ())):
-        t = t if s.act == "fp8" else t._replace(prequant=False)
-        if t not in out:
-            out.append(t)
+    for path in PATHS:
+        if path == "fp8":
+            family = (lin.HOPPER_TILES, lin.tiles_for(m), *lin.CANDIDATES.get(bound, ()))
+        elif s.act == "dense" or s.act == "f32":
+            continue
+        else:
+            family = (_reference_tiles(path), *(t._replace(path=path) for t in BF16_CANDIDATES[bound]))
+        for t in family:
+            t = t if s.act == "fp8" else t._replace(prequant=False)
+            if t not in out:
+                out.append(t)
     return out
 
 
@@ -179,6 +207,7 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"shape": s.name, "m": m, "n": s.n, "k": s.k, "groups": s.groups, "act": s.act}
     row |= {"out": s.out, "weight_bytes": wbytes, "copies": copies, "configs": []}
     current = _call(s, x, weights[0], lin.HOPPER_TILES)
+    family_ref = {p: _call(s, x, weights[0], _reference_tiles(p)) for p in {t.path for t in _configs(s, m)}}
     bound = _bound(s, x, weights[0], current)
     for tiles in _configs(s, m):
         entry: dict[str, Any] = {"tiles": list(tiles), "table_pick": tiles == _configs(s, m)[1]}
@@ -194,6 +223,7 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
         entry |= {"tflops": flops / (ms * 1e-3) / 1e12}
         entry |= {"fraction_of_fp8_gemm": entry["tflops"] / cal.fp8_gemm_tflops}
         entry |= {"bit_equal": bool(torch.equal(y, current)), "within_tol": excess <= 0, "tol_excess": excess}
+        entry["bit_equal_in_path"] = bool(torch.equal(y, family_ref[tiles.path]))
         row["configs"].append(entry)
     try:
         ref = _reference_ms(s, x, weights)
@@ -223,7 +253,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             sums["table"] += f * next((c["ms"] for c in ok if c["table_pick"]), ok[0]["ms"])
             sums["best"] += f * min(c["ms"] for c in ok)
             for c in ok:
-                key = str(tuple(c["tiles"][:5])) + (" prequant" if c["tiles"][5] else "")
+                key = str(tuple(c["tiles"][:5])) + (" prequant" if c["tiles"][5] else "") + f" {c['tiles'][6]}"
                 per_config[key] = per_config.get(key, 0.0) + f * c["ms"]
         out[str(m)] = {
             "layer_ms": sums,
@@ -242,9 +272,10 @@ def _print_row(r: dict[str, Any]) -> None:
         flag = (
             "" if c["bit_equal"] else (" DIFFERS (within tol)" if c["within_tol"] else " DIFFERS BEYOND TOL")
         )
+        flag += "" if c["bit_equal_in_path"] else " NOT-INVARIANT-IN-PATH"
         pick = " *" if c["table_pick"] else ""
         print(
-            f"    {str(c['tiles']):<34}{c['ms']:9.4f} ms  {c['fraction_of_copy']:6.1%} copy  "
+            f"    {str(c['tiles']):<46}{c['ms']:9.4f} ms  {c['fraction_of_copy']:6.1%} copy  "
             f"{c['tflops']:7.1f} TF/s {c['fraction_of_fp8_gemm']:6.1%}{pick}{flag}",
             flush=True,
         )
@@ -256,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", type=str, default="", help="comma-separated row counts (default: each shape's)")
     ap.add_argument("--shapes", type=str, default="", help="comma-separated name substrings")
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--paths", type=str, default="fp8", help="comma-separated: fp8, bf16, bf16_pre")
     args = ap.parse_args(argv)
+    PATHS[:] = [p for p in args.paths.split(",") if p]
     from dsgraph.tools.bench.calibrate import calibrate
 
     wanted = [w for w in args.shapes.split(",") if w]

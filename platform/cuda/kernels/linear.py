@@ -46,7 +46,10 @@ __all__ = [
 class Tiles(NamedTuple):
     """One launch configuration of linear_tl.linear_kernel. block_k is a multiple of 32 (the scale block):
     a pipeline step loads block_k / 32 chunks, which are still accumulated one at a time in K order.
-    prequant: FP8 activations are quantized by a separate pass once per row, not once per N tile."""
+    prequant: FP8 activations are quantized by a separate pass once per row, not once per N tile.
+    path: "fp8" (E4M3 dots, scales applied to each 32-column partial, linear_tl), "bf16" (exact bf16
+    operands, the weight dequantized in registers, one chained accumulator: linear_bf16_tl) or
+    "bf16_pre" (the same with the weight dequantized once per call before the GEMM)."""
 
     block_m: int
     block_n: int
@@ -54,6 +57,7 @@ class Tiles(NamedTuple):
     num_warps: int
     num_stages: int
     prequant: bool = False
+    path: str = "fp8"
 
 
 # The tiles verified on the H200 before the M classes (5d68e1c): the large-M entry. With block_k 128
@@ -168,8 +172,25 @@ def _run(
     scale_bytes = scale[0].contiguous().view(torch.uint8) if scale else None
     kind = dot_kind(p.act_quant, x3, w if p.weight_format == "dense" else None)
     splits = k_splits(x3.shape[1], n_size, x3.shape[2])
-    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles or tiles_for(x3.shape[0]), splits)
+    tiles = tiles or tiles_for(x3.shape[0])
+    if tiles.path != "fp8" and _bf16_operands(p, x3):
+        from dsgraph.platform.cuda.kernels import linear_bf16_tl
+
+        xb = linear_bf16_tl.qdq_rows(x3) if p.act_quant == "fp8_g32" else x3
+        linear_bf16_tl.launch(xb, w.contiguous(), scale_bytes, out, tiles, splits, tiles.path == "bf16_pre")
+        return out
+    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles, splits)
     return out
+
+
+def _bf16_operands(p: Any, x3: Tensor) -> bool:
+    """Whether the BF16 path serves: FP8 weights with FP8-g32 activations (K a multiple of 32) or with
+    bf16 activations; other combinations keep the FP8/split dots."""
+    if p.weight_format != "fp8_block32":
+        return False
+    if p.act_quant == "fp8_g32":
+        return x3.shape[2] % 32 == 0
+    return x3.dtype == torch.bfloat16
 
 
 def linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | None = None) -> Tensor:
