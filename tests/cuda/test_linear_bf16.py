@@ -17,13 +17,14 @@ PATH_TILES = [
     Tiles(64, 32, 128, 4, 4, path="bf16"),
     Tiles(128, 64, 64, 8, 3, path="bf16"),
     Tiles(64, 64, 64, 4, 3, path="bf16_pre"),
+    Tiles(16, 64, 128, 4, 4, path="bf16_swap"),
+    Tiles(128, 128, 64, 8, 3, path="bf16_swap_pre"),
 ]
 
 
 @pytest.mark.parametrize("tiles", PATH_TILES, ids=lambda t: f"{t.path}-{t.block_m}x{t.block_n}x{t.block_k}")
-@pytest.mark.parametrize(("act_quant", "x_dtype"), [("fp8_g32", torch.bfloat16), ("fp8_g32", torch.float32),
-                                                    ("none", torch.bfloat16)], ids=str)  # fmt: skip
-@pytest.mark.parametrize("shape", [(1, 64, 128), (5, 96, 192), (70, 130, 256)], ids=str)
+@pytest.mark.parametrize(("act_quant", "x_dtype"), [("fp8_g32", torch.bfloat16), ("none", torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("shape", [(5, 96, 192), (70, 130, 256)], ids=str)
 def test_bf16_path_matches_cpu_rule(tiles: Tiles, act_quant: str, x_dtype: torch.dtype, shape: tuple) -> None:
     m, n, k = shape
     gen = torch.Generator().manual_seed(m * 100 + n + k)

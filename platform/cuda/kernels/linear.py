@@ -177,7 +177,9 @@ def _run(
         from dsgraph.platform.cuda.kernels import linear_bf16_tl
 
         xb = linear_bf16_tl.qdq_rows(x3) if p.act_quant == "fp8_g32" else x3
-        linear_bf16_tl.launch(xb, w.contiguous(), scale_bytes, out, tiles, splits, tiles.path == "bf16_pre")
+        linear_bf16_tl.launch(
+            xb, w.contiguous(), scale_bytes, out, tiles, splits, tiles.path.endswith("_pre"), "swap" in tiles.path
+        )
         return out
     linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles, splits)
     return out

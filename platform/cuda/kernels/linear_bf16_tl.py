@@ -120,6 +120,58 @@ def bf16_linear_kernel(
         tl.store(out, acc, mask=mask)
 
 
+@triton.jit
+def swapped_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
+    out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, W_FP8: tl.constexpr,
+    EMU_F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+) -> None:  # fmt: skip
+    """bf16_linear_kernel with the operands swapped: the tile is out^T [BLOCK_N weight rows, BLOCK_M
+    activation rows] = W x^T, so the weight rows fill the tensor core's 64-row side and a decode batch
+    of a few rows needs only a 16-column activation tile (less shared memory, more programs per SM).
+    Same grid and arguments as bf16_linear_kernel."""
+    SPLITS: tl.constexpr = K_SIZE // K_SPLIT
+    pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g, split = pid_gs // SPLITS, pid_gs % SPLITS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = rows < m_size, n < n_size
+    w_rows = (g * n_size + n).to(tl.int64)
+    x_base = x_ptr + g * x_stride_g + rows[None, :] * x_stride_m
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    k_lo = split * K_SPLIT
+    for k_step in range(0, K_SPLIT, BLOCK_K):
+        k0 = k_lo + k_step
+        if W_FP8:
+            for kk in tl.static_range(BLOCK_K // 32):
+                c0 = k0 + kk * 32
+                cols = c0 + tl.arange(0, 32)
+                w_mask, x_mask = n_mask[:, None], m_mask[None, :]
+                if not EVEN_K:
+                    w_mask, x_mask = w_mask & (cols[None, :] < K_SIZE), x_mask & (cols[:, None] < K_SIZE)
+                w = tl.load(w_ptr + w_rows[:, None] * K_SIZE + cols[None, :], mask=w_mask, other=0.0)
+                xt = tl.load(x_base + cols[:, None], mask=x_mask, other=0.0)
+                # A chunk past K must not read its scale: the byte past the last one may be 255 (NaN).
+                s = tl.load(s_ptr + (w_rows // 32) * s_stride + c0 // 32, mask=n_mask & (c0 < K_SIZE), other=127)
+                w = (w.to(tl.float32) * e8m0_to_f32(s)[:, None]).to(tl.bfloat16)
+                acc = _acc_dot(w, xt, acc, EMU_F32)
+        else:
+            cols = k0 + tl.arange(0, BLOCK_K)
+            w_mask, x_mask = n_mask[:, None], m_mask[None, :]
+            if not EVEN_K:
+                w_mask, x_mask = w_mask & (cols[None, :] < K_SIZE), x_mask & (cols[:, None] < K_SIZE)
+            w = tl.load(w_ptr + w_rows[:, None] * K_SIZE + cols[None, :], mask=w_mask, other=0.0)
+            xt = tl.load(x_base + cols[:, None], mask=x_mask, other=0.0)
+            acc = _acc_dot(w, xt, acc, EMU_F32)
+    out = out_ptr + split * out_stride_s + g * out_stride_g + rows[None, :] * out_stride_m + n[:, None]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if SPLITS == 1:
+        tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(out, acc, mask=mask)
+
+
 def qdq_rows(x: Tensor) -> Tensor:
     """x [M, G, K] (K a multiple of 32, unit stride along K) -> its FP8-g32 qdq, bf16 [M, G, K]."""
     m_size, groups, k_size = x.shape
@@ -139,7 +191,8 @@ def dequant_weight(w: Tensor, scale: Tensor) -> Tensor:
 
 
 def launch(
-    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, tiles: tuple, splits: int, predequant: bool
+    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, tiles: tuple, splits: int, predequant: bool,
+    swapped: bool = False,
 ) -> None:
     """x [M, G, K] bf16 (already qdq'ed where the op quantizes activations), w [G*N, K] (E4M3 with the
     uint8 scale view, or bf16 with scale None), out [M, G, N] contiguous. predequant: an E4M3 weight is
@@ -156,7 +209,8 @@ def launch(
         w, scale, w_fp8 = dequant_weight(w, scale), None, False
     target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
-    bf16_linear_kernel[grid](
+    kernel = swapped_kernel if swapped else bf16_linear_kernel
+    kernel[grid](
         x, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
         out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
         K_SIZE=k_size, K_SPLIT=k_size // splits, W_FP8=w_fp8, EMU_F32=not x.is_cuda,
