@@ -7,7 +7,7 @@ It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted fu
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
 The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
 Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only), or
-[linear] (every tile candidate of the FP8 linear)
+[linear] (every linear tile, the sweep's candidates too)
 """
 
 from __future__ import annotations
@@ -276,44 +276,55 @@ def _moe_swap() -> None:
 
 
 def _linear(every: bool) -> None:
-    """The FP8 linear (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: the
-    TILE_TABLE entries, or every CANDIDATES entry (`every`), for each activation path serving uses."""
+    """The linear kernels (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: for
+    FP8 weights every TILE_TABLE entry on each activation path serving uses (FP8-g32 quantized, bf16,
+    wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE entry; `every` adds the
+    sweep's candidates (tools/bench/linear_sweep.py)."""
     from dsgraph.platform.cuda.kernels import linear as rule
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl as bf16
     from dsgraph.platform.cuda.kernels import linear_tl
 
-    table = {t for _, t in rule.TILE_TABLE}
-    tiles = sorted(table | {t for c in rule.CANDIDATES.values() for t in c} if every else table)
-    ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "xs_stride_m", "out_stride_m", "out_stride_g")
-    ints += ("out_stride_s",)
+    tiles = {t for _, t in rule.TILE_TABLE}
+    if every:
+        from dsgraph.tools.bench.linear_sweep import candidates
+
+        tiles |= set(candidates())
+    ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "out_stride_m", "out_stride_g", "out_stride_s")
     sizes = {name: "i32" for name in (*ints, "s_stride")}
-    # (x dtype, DOT kind, prequant): wq_a-like FP8 activations (in the GEMM or by the pass before it),
-    # wo_b's f32 activations against FP8 weights (three bf16 dots).
-    paths = (("*bf16", linear_tl.DOT_FP8, False), ("*fp8e4nv", linear_tl.DOT_FP8, True))
-    paths += (("*fp32", linear_tl.DOT_SPLIT, False),)
-    quant = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "m_size": "i32", "k_size": "i32"}
-    quant |= {"x_stride_m": "i32", "x_stride_g": "i32"}
-    _without_spills(linear_tl.quantize_rows_kernel, quant, dict(BLOCK_M=linear_tl.QUANT_BLOCK_M), 4, True)
+    aligned = {name: 1 if name == "m_size" else 16 for name in sizes}
+    qdq = {"x_ptr": "*bf16", "y_ptr": "*bf16", "m_size": "i32", "k_size": "i32", "x_stride_m": "i32"}
+    _without_spills(
+        bf16.qdq_rows_kernel, qdq | {"x_stride_g": "i32"}, dict(BLOCK_M=bf16.QDQ_BLOCK_M), 4, True
+    )
+    deq = {"w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "rows_size": "i32", "k_size": "i32"}
+    _without_spills(
+        bf16.dequant_weight_kernel, deq | {"s_stride": "i32"}, dict(BLOCK=bf16.DEQUANT_BLOCK), 4, True
+    )
     reduce = {"part_ptr": "*fp32", "out_ptr": "*bf16", "size": "i32"}
     _without_spills(
         linear_tl.reduce_splits_kernel, reduce, dict(SPLITS=4, BLOCK=linear_tl.REDUCE_BLOCK), 4, True
     )
-    seen = set()
-    for t in tiles:
-        for x, kind, prequant in paths:
-            key = (t, prequant) if kind == linear_tl.DOT_FP8 else (t[:5], kind)
-            if (kind == linear_tl.DOT_FP8 and prequant != t.prequant) or key in seen:
-                continue
-            seen.add(key)
-            types = {"x_ptr": x, "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16"}
+    for t in sorted(tiles):
+        modes = ((bf16.X_QUANT, "*bf16"), (bf16.X_SPLIT, "*fp32")) if t.swapped else ((bf16.X_BF16, "*bf16"),)
+        modes += ((bf16.X_SPLIT, "*fp32"),) if not t.swapped else ()
+        for mode, x in modes:
+            w = "*fp8e4nv" if t.swapped else "*bf16"
+            types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16"}
             # K split in 4 (the shared experts' w1/w3 at decode): the split path's partial stores
-            meta = dict(K_SIZE=5120, K_SPLIT=1280, DOT_KIND=kind, HAS_SCALE=True, X_SCALED=prequant)
-            meta |= dict(EVEN_K=True)
-            meta |= dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-            print(f"linear {t} x {x}", flush=True)
+            meta = dict(K_SIZE=5120, K_SPLIT=1280, W_FP8=t.swapped, X_MODE=mode, SWAPPED=t.swapped)
+            meta |= dict(EMU_F32=False, EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            print(f"linear {t} x {x} mode {mode}", flush=True)
             _without_spills(
-                linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages,
-                aligned={name: 1 if name == "m_size" else 16 for name in sizes},
-            )  # fmt: skip
+                bf16.gemm_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
+            )
+    for t in sorted({t for _, t in rule.DENSE_TILE_TABLE}):
+        types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*fp32"}
+        meta = dict(K_SIZE=5120, K_SPLIT=5120, DOT_KIND=linear_tl.DOT_NATIVE, HAS_SCALE=False, EVEN_K=True)
+        meta |= dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        print(f"dense linear {t}", flush=True)
+        _without_spills(
+            linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
+        )
 
 
 def main(argv: list[str]) -> int:

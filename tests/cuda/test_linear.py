@@ -6,9 +6,9 @@ set before triton is imported) on tiny shapes. The cpu reference always runs on 
 Tolerance of one output element, from `abs_sum = |x'| @ |w'|^T` (x', w' the cpu rule's f32 GEMM operands)
 and the reference value r: `|y - r| <= ACC_TOL * abs_sum + eps(out_dtype) * |r|`. ACC_TOL is 2 k 2^-24,
 the bound of two FP32 summations of k terms in different orders (the products are exact on both sides:
-E4M3 x E4M3, bf16 x bf16, the interpreter's FP32 dots), plus on the GPU 2^-10 for E4M3 tensor-core dots
-(Hopper's FP8 tensor cores align products to ~14 bits within a 32-column chunk) and 2^-16 for bf16/f16
-dots. eps(out) covers one rounding step of the output cast (bf16 2^-7, f16 2^-10, f32 2^-23).
+bf16 x bf16 (FP8 weights and FP8-g32 activations are exact bf16 operands), the interpreter's FP32 dots),
+plus on the GPU 2^-16 for bf16/f16 tensor-core dots. eps(out) covers one rounding step of the output
+cast (bf16 2^-7, f16 2^-10, f32 2^-23).
 """
 
 from __future__ import annotations
@@ -51,8 +51,6 @@ def _acc_tol(p: Any, x_dtype: torch.dtype, w: torch.Tensor) -> float:
     summation = 2 * k * 2.0**-24  # two FP32 sums of k terms in different orders: (k - 1) u sum|terms| each
     if not ON_GPU:
         return summation
-    if p.act_quant == "fp8_g32":
-        return 2.0**-10 + summation
     if x_dtype in (torch.bfloat16, torch.float16) or p.weight_format != "dense":
         return 2.0**-16 + summation  # bf16/f16 dots, or f32 x split into bf16 pieces
     return summation
@@ -201,9 +199,9 @@ def test_activation_quantization_is_bit_exact() -> None:
 
 
 def test_linear_reads_no_scale_past_k() -> None:
-    """With BLOCK_K 128 and K = 96 the last K tile has an empty 32-column chunk: its scale byte (past the
+    """With BLOCK_K 128 and K = 96 the last K step has an empty 32-column chunk: its scale byte (past the
     last scale row) must not be read. Here that byte is 255, UE8M0's NaN, which 0 * NaN would spread."""
-    from dsgraph.platform.cuda.kernels import linear_tl
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl
 
     gen = torch.Generator().manual_seed(8)
     x = torch.randn(3, 1, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
@@ -212,7 +210,8 @@ def test_linear_reads_no_scale_past_k() -> None:
     padded[: scale.numel()] = scale.view(torch.uint8).flatten()
     boxed = padded.to(DEVICE)[: scale.numel()].view(scale.shape)
     out = torch.empty(3, 1, 64, device=DEVICE)
-    linear_tl.launch(x, w.to(DEVICE), boxed, out, linear_tl.DOT_FP8, (64, 128, 128, 4, 3))
+    tiles = cuda_linear.Tiles(16, 64, 128, 4, 3, True)  # weight scales read in the GEMM, per chunk
+    linear_bf16_tl.launch(x, w.to(DEVICE), boxed, out, True, tiles, 1)
     p = _params("fp8_block32", "fp8_g32", "f32")
     xc = x[:, 0].cpu()
     xf, wf = rules_core.linear_operands(p, xc, w, scale)
@@ -221,10 +220,9 @@ def test_linear_reads_no_scale_past_k() -> None:
     )
 
 
-# Every tile configuration the table or the sweep may pick (linear.py TILE_TABLE and CANDIDATES).
-ALL_TILES = sorted(
-    {t for _, t in cuda_linear.TILE_TABLE} | {t for c in cuda_linear.CANDIDATES.values() for t in c}
-)
+# Every tile configuration the tables may pick, with the cases of its weight format.
+FP8_TILES = sorted({t for _, t in cuda_linear.TILE_TABLE})
+DENSE_TILES = sorted({t for _, t in cuda_linear.DENSE_TILE_TABLE})
 # (weight_format, act_quant, x dtype, out_dtype, (M, N, K)): FP8 activations with K a multiple of every
 # block_k and a partial N tile, then K = 160 (a partial K step for block_k > 32); wo_b's f32 activations;
 # dense weights.
@@ -236,8 +234,13 @@ TILE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", TILE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[4]}")
-@pytest.mark.parametrize("tiles", ALL_TILES, ids=lambda t: "-".join(map(str, t)))
+TILE_PAIRS = [(t, c) for c in TILE_CASES for t in (DENSE_TILES if c[0] == "dense" else FP8_TILES)]
+
+
+@pytest.mark.parametrize(
+    ("tiles", "case"), TILE_PAIRS, ids=lambda v: "-".join(map(str, v[:5])) if isinstance(v, tuple) and
+    isinstance(v[0], int) else f"{v[0]}-{v[1]}-{str(v[2])[6:]}-{v[4]}"
+)  # fmt: skip
 def test_every_tile_config_matches_cpu_rule(tiles: cuda_linear.Tiles, case: tuple) -> None:
     weight_format, act_quant, x_dtype, out_dtype, (m, n, k) = case
     gen = torch.Generator().manual_seed(m + n + k)
@@ -252,25 +255,25 @@ def test_every_tile_config_matches_cpu_rule(tiles: cuda_linear.Tiles, case: tupl
 
 def test_tiles_change_with_the_row_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """The rule launches TILE_TABLE's entry for M (the rows, whatever the groups): decode, a mid batch
-    and prefill get different tiles; every entry is a sweep candidate of its class."""
-    from dsgraph.platform.cuda.kernels import linear_tl
+    and prefill get different tiles."""
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl
 
-    bounds = [b for b, _ in cuda_linear.TILE_TABLE]
-    assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds), bounds
-    for bound, tiles in cuda_linear.TILE_TABLE:
-        assert tiles in cuda_linear.CANDIDATES[bound], (bound, tiles)
-        assert tiles.block_k % 32 == 0, tiles
+    for table in (cuda_linear.TILE_TABLE, cuda_linear.DENSE_TILE_TABLE):
+        bounds = [b for b, _ in table]
+        assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds), bounds
+        assert all(tiles.block_k % 32 == 0 for _, tiles in table), table
     launched = []
-    monkeypatch.setattr(linear_tl, "launch", lambda *args: launched.append(args[5]))
+    monkeypatch.setattr(linear_bf16_tl, "launch", lambda *args: launched.append(args[5]))
     gen = torch.Generator().manual_seed(4)
     w = _weight("fp8_block32", 2 * 32, 64, torch.bfloat16, gen)
     p = _params("fp8_block32", "fp8_g32", "f32")
-    rows = (1, 16, 17, 64, 65, 4096)
+    rows = (1, 16, 17, 256, 257, 4096)
     for m in rows:
         cuda_linear.linear(p, torch.zeros(m, 64, dtype=torch.bfloat16, device=DEVICE), *w)
         cuda_linear.grouped_linear(p, torch.zeros(m, 2, 64, dtype=torch.bfloat16, device=DEVICE), *w)
     assert launched == [cuda_linear.tiles_for(m) for m in rows for _ in range(2)]
     assert cuda_linear.tiles_for(1) != cuda_linear.tiles_for(64) != cuda_linear.tiles_for(4096)
+    assert cuda_linear.tiles_for(1).swapped and not cuda_linear.tiles_for(4096).swapped
     assert cuda_linear.tiles_for(1) == cuda_linear.tiles_for(16) and cuda_linear.tiles_for(
         4096
     ) == cuda_linear.tiles_for(1 << 20)
@@ -291,14 +294,14 @@ def test_rows_bit_equal_across_tiles_on_gpu(
     tiles: cuda_linear.Tiles | None, act_quant: str, x_dtype: torch.dtype, nk: tuple[int, int]
 ) -> None:
     """The same rows inside batches of 1, 8, 16, 17, 64, 65 and 300 rows (tiles None: the table's pick for
-    each batch; else the given tiles) give the bits HOPPER_TILES gives in a batch of 300. A failure here
-    means the tensor-core dot of a chunk depends on the tile shape: that config cannot serve next to
-    HOPPER_TILES in one TILE_TABLE without breaking batch invariance."""
+    each batch; else the given tiles) give the bits the prefill tiles give in a batch of 300. A failure
+    here means a tensor-core step depends on the tile shape: that config cannot serve next to the others
+    in one TILE_TABLE without breaking batch invariance."""
     gen = torch.Generator().manual_seed(21)
     x = (torch.randn(300, nk[1], generator=gen) * 2).to(x_dtype).to(DEVICE)
     w = tuple(t.to(DEVICE) for t in _weight("fp8_block32", *nk, torch.bfloat16, gen))
     p = _params("fp8_block32", act_quant, "bf16")
-    full = cuda_linear.linear(p, x, *w, tiles=cuda_linear.HOPPER_TILES)
+    full = cuda_linear.linear(p, x, *w, tiles=cuda_linear.TILE_TABLE[-1][1])
     for size in (1, 8, 16, 17, 64, 65, 300):
         for start in (0, 300 - size):
             part = cuda_linear.linear(p, x[start : start + size], *w, tiles=tiles)

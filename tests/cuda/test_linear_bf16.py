@@ -1,5 +1,6 @@
-"""The BF16 path of the cuda `linear` (linear_bf16_tl.py): exact bf16 operands and one chained FP32
-accumulator, against the cpu rule within test_linear.py's bounds, and bit-equal across its tiles."""
+"""The FP8-weight kernels of the cuda `linear` (linear_bf16_tl.py: exact bf16 operands, one chained FP32
+accumulator), swapped and plain, against the cpu rule within test_linear.py's bounds, and bit-equal
+across tiles and kernels."""
 
 from __future__ import annotations
 
@@ -9,22 +10,18 @@ import torch
 pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
 
 from dsgraph.platform.cuda.kernels import linear as cuda_linear  # noqa: E402
-from tests.cuda.kernel_env import DEVICE  # noqa: E402
+from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 from tests.cuda.test_linear import _compare_linear, _params, _weight  # noqa: E402
 
 Tiles = cuda_linear.Tiles
-PATH_TILES = [
-    Tiles(64, 32, 128, 4, 4, path="bf16"),
-    Tiles(128, 64, 64, 8, 3, path="bf16"),
-    Tiles(64, 64, 64, 4, 3, path="bf16_pre"),
-    Tiles(16, 64, 128, 4, 4, path="bf16_swap"),
-    Tiles(128, 128, 64, 8, 3, path="bf16_swap_pre"),
-]
+PATH_TILES = [Tiles(16, 64, 128, 4, 4, True), Tiles(128, 64, 64, 8, 3), Tiles(64, 64, 32, 4, 3)]
 
 
-@pytest.mark.parametrize("tiles", PATH_TILES, ids=lambda t: f"{t.path}-{t.block_m}x{t.block_n}x{t.block_k}")
-@pytest.mark.parametrize(("act_quant", "x_dtype"), [("fp8_g32", torch.bfloat16), ("none", torch.bfloat16)], ids=str)
-@pytest.mark.parametrize("shape", [(5, 96, 192), (70, 130, 256)], ids=str)
+@pytest.mark.parametrize("tiles", PATH_TILES, ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize(("act_quant", "x_dtype"), [("fp8_g32", torch.bfloat16), ("none", torch.bfloat16),
+                                                    ("none", torch.float16)], ids=str)  # fmt: skip
+# (5, 96, 192): a partial K step for block_k 128; (70, 130, 256): partial M and N tiles (GPU only)
+@pytest.mark.parametrize("shape", [(5, 96, 192)] + ([(70, 130, 256)] if ON_GPU else []), ids=str)
 def test_bf16_path_matches_cpu_rule(tiles: Tiles, act_quant: str, x_dtype: torch.dtype, shape: tuple) -> None:
     m, n, k = shape
     gen = torch.Generator().manual_seed(m * 100 + n + k)
@@ -39,7 +36,7 @@ def test_bf16_path_matches_cpu_rule(tiles: Tiles, act_quant: str, x_dtype: torch
 def _compare_linear_tiles(p, x, w, tiles: Tiles) -> None:
     """test_linear._compare_linear with the given tiles (its rule call takes the table's)."""
     original = cuda_linear.tiles_for
-    cuda_linear.tiles_for = lambda m: tiles
+    cuda_linear.tiles_for = lambda m, dense=False: tiles
     try:
         _compare_linear(p, x, w)
     finally:
@@ -48,15 +45,18 @@ def _compare_linear_tiles(p, x, w, tiles: Tiles) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nk", [(2304, 5120), (5120, 8192), (32768, 1280)], ids=str)
-def test_bf16_rows_bit_equal_across_tiles_on_gpu(nk: tuple[int, int]) -> None:
-    """The same rows in batches of 1 .. 300 give the same bits under every BF16-path tile set, with the
-    weight dequantized in registers or before the GEMM: the path can serve every M class at once."""
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_bf16_rows_bit_equal_across_tiles_on_gpu(nk: tuple[int, int], x_dtype: torch.dtype) -> None:
+    """The same rows in batches of 1 .. 300 give the same bits under every tile set, swapped (weight
+    dequantized in registers, activations quantized in the GEMM) or not (both prepared before it)."""
     gen = torch.Generator().manual_seed(23)
-    x = (torch.randn(300, nk[1], generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+    x = (torch.randn(300, nk[1], generator=gen) * 2).to(x_dtype).to(DEVICE)
     w = tuple(t.to(DEVICE) for t in _weight("fp8_block32", *nk, torch.bfloat16, gen))
-    p = _params("fp8_block32", "fp8_g32", "bf16")
-    full = cuda_linear.linear(p, x, *w, tiles=Tiles(128, 128, 64, 8, 3, path="bf16_pre"))
-    for tiles in (*PATH_TILES, Tiles(128, 256, 64, 8, 3, path="bf16_pre"), Tiles(64, 16, 128, 4, 4, path="bf16")):
+    # bf16 x: FP8-g32 activations (quantized in the swapped GEMM or by the pass before the plain one);
+    # f32 x: wo_b's split into three bf16 pieces
+    p = _params("fp8_block32", "fp8_g32" if x_dtype == torch.bfloat16 else "none", "bf16")
+    full = cuda_linear.linear(p, x, *w, tiles=Tiles(128, 128, 64, 8, 3))
+    for tiles in (*PATH_TILES, Tiles(128, 256, 64, 8, 3), Tiles(16, 128, 64, 8, 4, True)):
         for size in (1, 16, 65, 300):
             part = cuda_linear.linear(p, x[:size], *w, tiles=tiles)
             diff = (part != full[:size]).sum().item()

@@ -1,13 +1,13 @@
 """Tile sweep of the FP8 block-scaled linear (platform/cuda/kernels/linear.py) at V4.1's shapes.
 
 `python -m dsgraph.tools.bench.linear_sweep --out DIR` times, for every shape the model's linears use
-(hidden 5120) and M = 1, 8, 64, 256, 4096 rows, the verified tiles (HOPPER_TILES), the tiles TILE_TABLE
-picks and every CANDIDATES entry of M's class, next to `torch._scaled_mm` (per-tensor scales, the dense
+(hidden 5120) and M = 1, 8, 64, 256, 4096 rows, the tiles TILE_TABLE picks, its prefill entry (the
+reference) and every CANDIDATES entry of M's class, next to `torch._scaled_mm` (per-tensor scales, the dense
 FP8 ceiling; bf16 matmul for the dense weights) on the same shape. Each figure: ms per call, weight bytes /
 time as a fraction of the copy bandwidth and TFLOP/s as a fraction of the FP8 GEMM rate, both measured
 in the same run (calibrate.py). Calls are timed as CUDA-graph replays over enough weight copies to pass
-the L2 cache (a decode step streams its weights from HBM). Every config's output is compared with
-HOPPER_TILES' output: `bit_equal` (what batch invariance across M classes needs when both serve) and
+the L2 cache (a decode step streams its weights from HBM). Every config's output is compared with the
+reference's output: `bit_equal` (what batch invariance across M classes needs when both serve) and
 `within_tol` (twice the GPU test tolerance of tests/cuda/test_linear.py). Kernels are compiled first in
 a pool of processes (Triton's disk cache), so one run stays near a minute on an H200.
 Writes DIR/linear_sweep.json and prints one line per (shape, M, config) and a per-layer summary.
@@ -105,56 +105,36 @@ def _call(s: Shape, x: torch.Tensor, w: tuple, tiles: Tiles) -> torch.Tensor:
     return rule(_params(s), x, *w, tiles=tiles)
 
 
-# BF16-path candidates (linear_bf16_tl) per M class, timed when --paths names bf16 or bf16_pre.
-BF16_CANDIDATES: dict[int, tuple[Tiles, ...]] = {
-    16: (Tiles(64, 32, 128, 4, 4), Tiles(64, 64, 128, 4, 4), Tiles(64, 32, 256, 4, 3), Tiles(64, 16, 128, 4, 4)),
-    64: (Tiles(64, 64, 128, 4, 4), Tiles(64, 32, 128, 4, 4), Tiles(64, 128, 64, 4, 4), Tiles(64, 64, 256, 4, 3)),
-    1 << 62: (
-        Tiles(128, 128, 64, 8, 3),
-        Tiles(128, 256, 64, 8, 3),
-        Tiles(128, 128, 128, 8, 3),
-        Tiles(256, 128, 64, 8, 3),
-        Tiles(128, 128, 64, 4, 4),
-    ),
-}
-# Swapped BF16 tiles (block_m: activation rows, block_n: weight rows, >= 64 per warpgroup).
-SWAP_CANDIDATES: dict[int, tuple[Tiles, ...]] = {
-    16: (Tiles(16, 64, 128, 4, 4), Tiles(16, 64, 256, 4, 3), Tiles(16, 128, 128, 4, 4), Tiles(16, 64, 64, 4, 6),
-         Tiles(16, 128, 64, 8, 4)),
-    64: (Tiles(64, 64, 128, 4, 4), Tiles(32, 64, 128, 4, 4), Tiles(64, 128, 64, 4, 4), Tiles(64, 64, 256, 4, 3)),
-    1 << 62: (
-        Tiles(128, 128, 64, 8, 3),
-        Tiles(256, 128, 64, 8, 3),
-        Tiles(128, 256, 64, 8, 3),
-        Tiles(128, 128, 64, 4, 4),
-    ),
-}
-PATHS = ["fp8"]  # set by --paths
+# Candidates per M class (the bounds of linear.TILE_TABLE); every one gives the table's bits (one
+# arithmetic: linear_bf16_tl.py), which the sweep checks. Swapped tiles serve decode batches.
+CANDIDATES: dict[int, tuple[Tiles, ...]] = {
+    16: (Tiles(16, 128, 64, 8, 4, True), Tiles(16, 64, 256, 4, 3, True), Tiles(16, 64, 128, 4, 4, True),
+         Tiles(16, 64, 64, 4, 6, True), Tiles(16, 128, 128, 4, 4, True)),
+    256: (Tiles(64, 128, 32, 8, 4, True), Tiles(64, 64, 128, 4, 4, True), Tiles(32, 64, 128, 4, 4, True),
+          Tiles(64, 128, 64, 4, 4, True), Tiles(128, 128, 64, 8, 3, True)),
+    1 << 62: (Tiles(128, 128, 64, 8, 3), Tiles(256, 128, 64, 8, 3), Tiles(128, 256, 64, 8, 3),
+              Tiles(128, 128, 64, 4, 4)),
+}  # fmt: skip
 
 
-def _reference_tiles(path: str) -> Tiles:
-    """The tiles every config of one path is compared with bit for bit (batch invariance in a family)."""
-    return lin.HOPPER_TILES._replace(path=path)
+def candidates() -> list[Tiles]:
+    return sorted({t for c in CANDIDATES.values() for t in c})
+
+
+def _reference() -> Tiles:
+    """The tiles every config is compared with bit for bit (the prefill entry of the table)."""
+    return lin.TILE_TABLE[-1][1]
 
 
 def _configs(s: Shape, m: int) -> list[Tiles]:
-    """Per path: its reference tiles, (fp8) the table's pick and M's class candidates, (bf16 paths) the
-    BF16 candidates of M's class; prequant only matters for fp8 x."""
+    """The table's pick, the reference, then M's class candidates (dense weights: the dense table's)."""
+    if s.act == "dense":
+        return [lin.tiles_for(m, dense=True)]
     bound = next((b for b, _ in lin.TILE_TABLE if m <= b), lin.TILE_TABLE[-1][0])
     out: list[Tiles] = []
-    for path in PATHS:
-        if path == "fp8":
-            family = (lin.HOPPER_TILES, lin.tiles_for(m), *lin.CANDIDATES.get(bound, ()))
-        elif s.act == "dense" or s.act == "f32":
-            continue
-        elif "swap" in path:
-            family = (_reference_tiles(path), *(t._replace(path=path) for t in SWAP_CANDIDATES[bound]))
-        else:
-            family = (_reference_tiles(path), *(t._replace(path=path) for t in BF16_CANDIDATES[bound]))
-        for t in family:
-            t = t if s.act == "fp8" else t._replace(prequant=False)
-            if t not in out:
-                out.append(t)
+    for t in (lin.tiles_for(m), _reference(), *CANDIDATES.get(bound, ())):
+        if t not in out:
+            out.append(t)
     return out
 
 
@@ -220,12 +200,10 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
     flops = 2 * m * s.groups * s.n * s.k
     row: dict[str, Any] = {"shape": s.name, "m": m, "n": s.n, "k": s.k, "groups": s.groups, "act": s.act}
     row |= {"out": s.out, "weight_bytes": wbytes, "copies": copies, "configs": []}
-    current = _call(s, x, weights[0], lin.HOPPER_TILES)
-    family_ref = {p: _call(s, x, weights[0], _reference_tiles(p)) for p in {t.path for t in _configs(s, m)}}
-    bf16_ref = family_ref.get("bf16_pre")
+    current = _call(s, x, weights[0], _configs(s, m)[0] if s.act == "dense" else _reference())
     bound = _bound(s, x, weights[0], current)
     for tiles in _configs(s, m):
-        entry: dict[str, Any] = {"tiles": list(tiles), "table_pick": tiles == _configs(s, m)[1]}
+        entry: dict[str, Any] = {"tiles": list(tiles), "table_pick": tiles == _configs(s, m)[0]}
         try:
             ms = _time_calls(lambda i, t=tiles: _call(s, x, weights[i], t), copies)
             y = _call(s, x, weights[0], tiles)
@@ -238,9 +216,6 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
         entry |= {"tflops": flops / (ms * 1e-3) / 1e12}
         entry |= {"fraction_of_fp8_gemm": entry["tflops"] / cal.fp8_gemm_tflops}
         entry |= {"bit_equal": bool(torch.equal(y, current)), "within_tol": excess <= 0, "tol_excess": excess}
-        entry["bit_equal_in_path"] = bool(torch.equal(y, family_ref[tiles.path]))
-        if bf16_ref is not None:
-            entry["bit_equal_to_bf16_pre"] = bool(torch.equal(y, bf16_ref))
         row["configs"].append(entry)
     try:
         ref = _reference_ms(s, x, weights)
@@ -254,7 +229,7 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per M: one layer's linear time (Shape.per_layer weights) with HOPPER_TILES, with the table's pick,
+    """Per M: one layer's linear time (Shape.per_layer weights) with the reference, with the table's pick,
     and with the best timed config per shape; and per config of M's class, the layer time where timed."""
     weight = {s.name: s.per_layer for s in SHAPES}
     out: dict[str, Any] = {}
@@ -270,7 +245,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             sums["table"] += f * next((c["ms"] for c in ok if c["table_pick"]), ok[0]["ms"])
             sums["best"] += f * min(c["ms"] for c in ok)
             for c in ok:
-                key = str(tuple(c["tiles"][:5])) + (" prequant" if c["tiles"][5] else "") + f" {c['tiles'][6]}"
+                key = str(tuple(c["tiles"][:5])) + (" swapped" if c["tiles"][5] else "")
                 per_config[key] = per_config.get(key, 0.0) + f * c["ms"]
         out[str(m)] = {
             "layer_ms": sums,
@@ -289,8 +264,6 @@ def _print_row(r: dict[str, Any]) -> None:
         flag = (
             "" if c["bit_equal"] else (" DIFFERS (within tol)" if c["within_tol"] else " DIFFERS BEYOND TOL")
         )
-        flag += "" if c["bit_equal_in_path"] else " NOT-INVARIANT-IN-PATH"
-        flag += " =bf16_pre" if c.get("bit_equal_to_bf16_pre") else ""
         pick = " *" if c["table_pick"] else ""
         print(
             f"    {str(c['tiles']):<46}{c['ms']:9.4f} ms  {c['fraction_of_copy']:6.1%} copy  "
@@ -305,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", type=str, default="", help="comma-separated row counts (default: each shape's)")
     ap.add_argument("--shapes", type=str, default="", help="comma-separated name substrings")
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--paths", type=str, default="fp8", help="comma-separated: fp8, bf16, bf16_pre")
     args = ap.parse_args(argv)
-    PATHS[:] = [p for p in args.paths.split(",") if p]
     from dsgraph.tools.bench.calibrate import calibrate
 
     wanted = [w for w in args.shapes.split(",") if w]
@@ -331,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "calibration": cal.as_dict(),
         "tile_table": [[b, list(t)] for b, t in lin.TILE_TABLE],
-        "current": list(lin.HOPPER_TILES),
+        "reference": list(_reference()),
         "compile_errors": errors,
         "compile_s": compiled_s,
         "total_s": time.time() - start,

@@ -1,21 +1,18 @@
-"""CUDA rules of `linear` and `grouped_linear`: one Triton GEMM (linear_tl.py) for every weight format.
+"""CUDA rules of `linear` and `grouped_linear`: Triton GEMMs, one arithmetic per weight format.
 
 Serving numerics (ops/nn.py, platform/cpu/rules_core.py): `fp8_block32` weights are E4M3 with one UE8M0
 scale per 32x32 block; `act_quant fp8_g32` quantizes each activation row per 32 columns to E4M3 with a
-UE8M0 scale. The kernel quantizes the activation tile in registers with the cpu codec's exact rounding
-(quant_tl.py), runs E4M3 x E4M3 tensor-core dots 32 columns at a time and applies both scales to each
-FP32 partial sum. Other combinations:
-- fp8 weights, act_quant none: weights converted to x's dtype in registers (bf16/f16 dots, exact
-  products); f32 x (wo_b after the FP8 qdq of wo_a's output) is split exactly into three bf16 pieces, so
-  three bf16 dots give exact products summed in FP32;
-- dense weights, act_quant none: dots in the common dtype of x and w (FP32 IEEE when they differ);
-- dense weights with act_quant fp8_g32 (no V4.1 graph uses it) and tensors not on a CUDA device (unless
-  Triton's interpreter is on) fall back to the cpu rule.
-Tiles are chosen by the number of rows M (TILE_TABLE) without changing the order in which 32-column chunks
-are accumulated; K is cut into ranges (summed apart, then added in order) by the weight's shape alone
-(`k_splits`), the same for every M. So a row's result does not depend on the batch as long as the
-tensor-core dot of one chunk gives the same bits whatever the tile (checked on the GPU by
-tests/cuda/test_linear.py).
+UE8M0 scale (the cpu codec's exact rounding). Both give operand values that are exact in bf16, so FP8
+weights run as exact bf16 operands into bf16 tensor-core dots with one chained FP32 accumulator
+(linear_bf16_tl.py; f32/f16 activations of `act_quant none` are split exactly into three bf16 pieces).
+Decode batches (M <= SWAP_MAX_ROWS) use the swapped kernel (weight dequantized in registers, activations
+quantized in the kernel); larger M prepare bf16 operands once and run the plain tile. Both give a row
+the same bits, so results do not depend on the batch.
+Dense weights (the router gate, the head) run linear_tl.py's kernel: dots in the common dtype of x and
+w (FP32 IEEE when they differ), accumulated per 32-column chunk. Dense weights with act_quant fp8_g32 (no
+V4.1 graph uses it) and tensors not on a CUDA device (unless Triton's interpreter is on) fall back to
+the cpu rule. K is cut into ranges (summed apart, then added in order) by the weight's shape alone
+(`k_splits`), the same for every M.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ from dsgraph.platform.cpu import rules_core, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
 
 __all__ = [
-    "CANDIDATES",
-    "HOPPER_TILES",
+    "DENSE_TILE_TABLE",
     "RULES",
     "TILE_TABLE",
     "Tiles",
@@ -44,67 +40,35 @@ __all__ = [
 
 
 class Tiles(NamedTuple):
-    """One launch configuration of linear_tl.linear_kernel. block_k is a multiple of 32 (the scale block):
-    a pipeline step loads block_k / 32 chunks, which are still accumulated one at a time in K order.
-    prequant: FP8 activations are quantized by a separate pass once per row, not once per N tile.
-    path: "fp8" (E4M3 dots, scales applied to each 32-column partial, linear_tl), "bf16" (exact bf16
-    operands, the weight dequantized in registers, one chained accumulator: linear_bf16_tl) or
-    "bf16_pre" (the same with the weight dequantized once per call before the GEMM)."""
+    """One launch configuration. block_k is a multiple of 32 (the scale block). swapped (FP8 weights
+    only): the tile is out^T with block_n weight rows on the tensor core's 64-row side (a multiple of 64
+    per warpgroup) and block_m activation rows (16 or more)."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    prequant: bool = False
-    path: str = "fp8"
+    swapped: bool = False
 
 
-# The tiles verified on the H200 before the M classes (5d68e1c): the large-M entry. With block_k 128
-# (four chunks per step) ptxas for sm_90a spills at 4 and 8 warps at this block_n.
-HOPPER_TILES = Tiles(64, 128, 32, 8, 4)
-
-# (largest M, tiles), M increasing; the last entry serves every larger M. M is the number of rows (tokens).
-# Decode streams the weights once: small block_n gives N / block_n programs enough to fill 132 SMs, and
-# several chunks per step keep more weight bytes in flight. block_m stays 64 in every class so every class
-# uses the same (wgmma) tensor-core instruction shape per output element; tools/bench/linear_sweep.py
-# times the candidates and tests/cuda/test_linear.py checks bit equality across classes on the GPU.
-# Picked from the H200 sweep at 5d68e1c (bench/results/linear-sweep-H200-5d68e1c.json): per layer at M=1
-# 1.08 -> 0.44 ms, at M=4096 15.4 -> 3.6 ms, every pick bit-equal to HOPPER_TILES. block_m 16 candidates
-# were faster at M <= 8 but not bit-equal (another tensor-core path), so they are out.
+# FP8 weights: (largest M, tiles), M increasing; the last entry serves every larger M. Picked from the
+# H200 sweep of tools/bench/linear_sweep.py (bench/results/linear-sweep-H200-bf16-*.json) by the time of
+# one layer's linears: decode streams the weights once, so the swapped tiles keep the activation tile
+# small (16 rows) and many programs per SM; from 257 rows the weights are dequantized once per call.
 TILE_TABLE: tuple[tuple[int, Tiles], ...] = (
-    (16, Tiles(64, 32, 128, 4, 4, True)),
-    (64, Tiles(64, 64, 128, 4, 4, True)),
-    (1 << 62, Tiles(128, 128, 32, 8, 4)),
+    (16, Tiles(16, 128, 64, 8, 4, True)),
+    (256, Tiles(64, 128, 32, 8, 4, True)),
+    (1 << 62, Tiles(128, 128, 64, 8, 3)),
 )
 
-# Candidates per M class (same keys as TILE_TABLE's bounds), timed by tools/bench/linear_sweep.py,
-# compiled for sm_90 by tests/cuda/hopper_compile.py and run under the interpreter by test_linear.py.
-CANDIDATES: dict[int, tuple[Tiles, ...]] = {
-    16: (
-        Tiles(64, 16, 128, 4, 4, True),
-        Tiles(64, 32, 128, 4, 4, True),
-        Tiles(64, 32, 128, 4, 4),
-        Tiles(64, 32, 256, 4, 4, True),
-        Tiles(64, 32, 64, 4, 8, True),
-        Tiles(64, 64, 128, 4, 4, True),
-    ),
-    64: (
-        Tiles(64, 32, 128, 4, 4, True),
-        Tiles(64, 64, 128, 4, 4, True),
-        Tiles(64, 64, 128, 4, 4),
-        Tiles(64, 64, 64, 4, 6, True),
-        Tiles(64, 128, 64, 8, 4, True),
-    ),
-    1 << 62: (
-        HOPPER_TILES,
-        Tiles(64, 128, 32, 8, 4, True),
-        Tiles(64, 128, 64, 8, 4, True),
-        Tiles(128, 128, 32, 8, 4),
-        Tiles(128, 128, 32, 8, 4, True),
-        Tiles(128, 64, 64, 8, 4, True),
-    ),
-}
+# Dense weights (linear_tl.py): block_m stays 64 in every class so every class uses the same (wgmma)
+# tensor-core instruction shape per output element (tests/cuda/test_linear.py checks bit equality).
+DENSE_TILE_TABLE: tuple[tuple[int, Tiles], ...] = (
+    (16, Tiles(64, 32, 128, 4, 4)),
+    (64, Tiles(64, 64, 128, 4, 4)),
+    (1 << 62, Tiles(128, 128, 32, 8, 4)),
+)
 
 
 # K splits: decode (M <= 16) has ceil(N / 32) programs per group, too few to fill 132 SMs for the narrow
@@ -113,7 +77,7 @@ CANDIDATES: dict[int, tuple[Tiles, ...]] = {
 # the count depends on the weight's shape only, never on M, so a row's bits stay batch invariant (every
 # M runs the same splits, added in the same order).
 SPLIT_TARGET = 264  # decode programs wanted (two per SM)
-SPLIT_ALIGN = 256  # columns: a multiple of every BLOCK_K in TILE_TABLE and CANDIDATES
+SPLIT_ALIGN = 256  # columns: a multiple of every BLOCK_K in the tile tables
 MAX_SPLITS = 8
 MIN_SPLIT = 512  # at least this many columns per split
 
@@ -127,18 +91,18 @@ def k_splits(groups: int, n_size: int, k_size: int) -> int:
     return next((s for s in valid if programs * s >= SPLIT_TARGET), valid[-1])
 
 
-def tiles_for(m: int) -> Tiles:
-    """The tiles for a GEMM of m rows: the first TILE_TABLE entry whose bound is >= m. Every entry keeps
-    each output element's K order (batch invariance holds if the tensor-core dots agree: GPU-tested)."""
-    for bound, tiles in TILE_TABLE:
-        if m <= bound:
-            return tiles
-    return TILE_TABLE[-1][1]
+def tiles_for(m: int, dense: bool = False) -> Tiles:
+    """The tiles for a GEMM of m rows: the first entry of the weight format's table whose bound is >= m.
+    Every entry keeps each output element's K order (batch invariance: GPU-tested)."""
+    table = DENSE_TILE_TABLE if dense else TILE_TABLE
+    return next((tiles for bound, tiles in table if m <= bound), table[-1][1])
 
 
 def _uses_kernel(p: Any, x: Tensor) -> bool:
     if p.weight_format == "dense" and p.act_quant != "none":
         return False
+    if p.act_quant == "fp8_g32" and x.shape[-1] % 32:
+        return False  # the codec quantizes whole 32-column groups
     return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -156,7 +120,7 @@ def dot_kind(act_quant: str, x: Tensor, dense_weight: Tensor | None) -> int:
         return linear_tl.DOT_NATIVE
     if dense_weight is None:
         return linear_tl.DOT_SPLIT if x.is_cuda else linear_tl.DOT_SPLIT_F32
-    return linear_tl.DOT_F32
+    return linear_tl.DOT_F32 if x.is_cuda else linear_tl.DOT_F64
 
 
 def _run(
@@ -170,29 +134,17 @@ def _run(
     if out.numel() == 0:
         return out.zero_()
     scale_bytes = scale[0].contiguous().view(torch.uint8) if scale else None
-    kind = dot_kind(p.act_quant, x3, w if p.weight_format == "dense" else None)
     splits = k_splits(x3.shape[1], n_size, x3.shape[2])
-    tiles = tiles or tiles_for(x3.shape[0])
-    if tiles.path != "fp8" and _bf16_operands(p, x3):
+    dense = p.weight_format == "dense"
+    tiles = tiles or tiles_for(x3.shape[0], dense)
+    if dense:
+        linear_tl.launch(x3, w.contiguous(), None, out, dot_kind(p.act_quant, x3, w), tiles, splits)
+    else:
         from dsgraph.platform.cuda.kernels import linear_bf16_tl
 
-        xb = linear_bf16_tl.qdq_rows(x3) if p.act_quant == "fp8_g32" else x3
-        linear_bf16_tl.launch(
-            xb, w.contiguous(), scale_bytes, out, tiles, splits, tiles.path.endswith("_pre"), "swap" in tiles.path
-        )
-        return out
-    linear_tl.launch(x3, w.contiguous(), scale_bytes, out, kind, tiles, splits)
+        quantize = p.act_quant == "fp8_g32"
+        linear_bf16_tl.launch(x3, w.contiguous(), scale_bytes, out, quantize, tiles, splits)
     return out
-
-
-def _bf16_operands(p: Any, x3: Tensor) -> bool:
-    """Whether the BF16 path serves: FP8 weights with FP8-g32 activations (K a multiple of 32) or with
-    bf16 activations; other combinations keep the FP8/split dots."""
-    if p.weight_format != "fp8_block32":
-        return False
-    if p.act_quant == "fp8_g32":
-        return x3.shape[2] % 32 == 0
-    return x3.dtype == torch.bfloat16
 
 
 def linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | None = None) -> Tensor:

@@ -1,21 +1,28 @@
-"""The BF16 path of `linear` over FP8 weights: exact operands, one chained FP32 accumulator.
+"""The Triton kernels of `linear` / `grouped_linear` over FP8 weights: exact bf16 operands, one chained
+FP32 accumulator (rules in linear.py, which imports this lazily).
 
 Every operand value of serving numerics is exact in bf16: an FP8-g32 activation is an E4M3 value (4
 significant bits) times a power of two, and so is a weight (E4M3 times its UE8M0 block scale). So the
-scales can go into the operands instead of into each 32-column partial sum: the activation rows are
-quantized and dequantized once (`qdq_rows_kernel`, the cpu codec's bits), the weight tile is dequantized
-in registers (or once per call, `dequant_weight_kernel`) and the GEMM is a plain bf16 tensor-core dot
-with one FP32 accumulator chained over K. This drops the per-chunk promotion (two FP32 operations per
-output element every 32 columns), which bounds the FP8 path, and its products are exact; bf16 dots also
-accumulate more precisely than the FP8 ones (see tests/cuda/test_linear.py's bounds).
+scales go into the operands instead of into each 32-column partial sum, and the GEMM is a plain bf16
+tensor-core dot with one FP32 accumulator chained over K. That drops the per-chunk promotion (two FP32
+operations per output element every 32 columns) which bounds an FP8-dot kernel at these scale blocks,
+and bf16 dots accumulate more precisely than Hopper's FP8 ones. An activation that is not bf16 and not
+quantized (wo_b's f32 input, f16) is split exactly into three bf16 pieces (hi + mid + lo, 8 significant
+bits each), dotted one after the other for every 32-column chunk.
 
-The values stay exact as long as no scaled value falls below bf16's normal range: a block scale of at
-least 2^-117 (UE8M0 byte 10) and activation scales from the codec's floor (1e-4 / 448) are far inside it.
+Two kernels, one arithmetic:
+- `swapped_kernel` (decode batches): the tile is out^T = W x^T, so the weight rows fill the tensor
+  core's 64-row side and a batch of a few rows needs a 16-row activation tile; the weight is
+  dequantized in registers 32 columns at a time and FP8-g32 activations are quantized in the kernel;
+- `linear_kernel` (prefill): x quantized-dequantized by `qdq_rows_kernel` and W dequantized by
+  `dequant_weight_kernel` once per call, then one dot per BLOCK_K step.
+Both issue, for every output element, the same tensor-core steps in increasing K order (split pieces:
+hi, mid, lo per 32 columns), whatever the tiles, so a row's bits do not depend on the batch or on which
+kernel served it (tests/cuda/test_linear_bf16.py checks this on the GPU). K splits, chosen from the
+weight's shape only, are summed apart in FP32 and added in order by linear_tl.reduce_splits_kernel.
 
-K order: the dots run over K in increasing order into one accumulator whatever BLOCK_K, BLOCK_M or
-BLOCK_N, so every tile configuration issues the same sequence of tensor-core steps for an output element
-(batch invariance, checked on the GPU by tests/cuda/test_linear.py). K splits (by the weight's shape
-only) are summed apart in FP32 and added in order by linear_tl.reduce_splits_kernel.
+Values stay exact while no scaled value leaves bf16's normal range: block scales of at least 2^-117
+(UE8M0 byte 10) and the activation codec's scales are far inside it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from torch import Tensor
 
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to
 
+X_BF16 = 0  # activations already bf16 operands (qdq'ed by qdq_rows, or bf16 with act_quant none)
+X_QUANT = 1  # FP8-g32 quantized and dequantized in the kernel (swapped_kernel)
+X_SPLIT = 2  # f32/f16 activations split into three exact bf16 pieces
 QDQ_BLOCK_M = 16  # rows per program of qdq_rows_kernel
 DEQUANT_BLOCK = 64  # weight rows and columns per program of dequant_weight_kernel
 
@@ -34,7 +44,7 @@ DEQUANT_BLOCK = 64  # weight rows and columns per program of dequant_weight_kern
 @triton.jit
 def qdq_rows_kernel(x_ptr, y_ptr, m_size, k_size, x_stride_m, x_stride_g, BLOCK_M: tl.constexpr) -> None:
     """Grid (cdiv(M, BLOCK_M), K / 32, G): x [M, G, K] -> y [M, G, K] bf16 holding the FP8-g32
-    quantize-dequantize of x (E4M3 value times its power-of-two scale: exact in bf16)."""
+    quantize-dequantize of x (the cpu codec's E4M3 value times its power-of-two scale)."""
     pid_m, chunk, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     groups = tl.num_programs(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -54,32 +64,82 @@ def dequant_weight_kernel(w_ptr, s_ptr, out_ptr, rows_size, k_size, s_stride, BL
     mask = (r[:, None] < rows_size) & (c[None, :] < k_size)
     w = tl.load(w_ptr + r[:, None] * k_size + c[None, :], mask=mask, other=0.0)
     s = tl.load(s_ptr + (r[:, None] // 32) * s_stride + c[None, :] // 32, mask=mask, other=127)
-    tl.store(out_ptr + r[:, None] * k_size + c[None, :], (w.to(tl.float32) * e8m0_to_f32(s)).to(tl.bfloat16), mask=mask)
+    w = (w.to(tl.float32) * e8m0_to_f32(s)).to(tl.bfloat16)
+    tl.store(out_ptr + r[:, None] * k_size + c[None, :], w, mask=mask)
 
 
 @triton.jit
-def _acc_dot(a, b, acc, EMU_F32: tl.constexpr) -> tl.tensor:
-    # Triton's interpreter multiplies bf16 dot operands as raw integers: off the GPU the same exact
-    # products are formed in FP32.
+def _dot(a, b, acc, EMU_F32: tl.constexpr) -> tl.tensor:
+    # Triton's interpreter multiplies bf16 dot operands as raw integers, and its FP32 dot sums in an
+    # order that depends on the tile shape: off the GPU the exact products are summed in FP64 (exact for
+    # these operands) and added to the FP32 accumulator once per dot, so rows stay batch invariant.
     if EMU_F32:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        acc += tl.dot(a.to(tl.float64), b.to(tl.float64)).to(tl.float32)
     else:
         acc = tl.dot(a, b, acc, out_dtype=tl.float32)
     return acc
 
 
 @triton.jit
-def bf16_linear_kernel(
+def _dot_x(w, x, acc, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr) -> tl.tensor:
+    """acc + x . w^T (or, SWAPPED, acc^T + w . x^T) for one chunk: w [BN, C] bf16, x [BM, C] raw."""
+    if X_MODE == 2:
+        xf = x.to(tl.float32)
+        hi = xf.to(tl.bfloat16)
+        rest = xf - hi.to(tl.float32)
+        mid = rest.to(tl.bfloat16)
+        lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+        if SWAPPED:
+            acc = _dot(w, tl.trans(hi), acc, EMU_F32)
+            acc = _dot(w, tl.trans(mid), acc, EMU_F32)
+            acc = _dot(w, tl.trans(lo), acc, EMU_F32)
+        else:
+            acc = _dot(hi, tl.trans(w), acc, EMU_F32)
+            acc = _dot(mid, tl.trans(w), acc, EMU_F32)
+            acc = _dot(lo, tl.trans(w), acc, EMU_F32)
+    else:
+        if X_MODE == 1:
+            q, scale = fp8_g32_quantize(x.to(tl.float32))
+            x = (q.to(tl.float32) * scale[:, None]).to(tl.bfloat16)
+        if SWAPPED:
+            acc = _dot(w, tl.trans(x), acc, EMU_F32)
+        else:
+            acc = _dot(x, tl.trans(w), acc, EMU_F32)
+    return acc
+
+
+@triton.jit
+def _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZE: tl.constexpr,
+                WIDTH: tl.constexpr, W_FP8: tl.constexpr, EVEN_K: tl.constexpr) -> tuple:  # fmt: skip
+    """x [BM, WIDTH] as stored and W [BN, WIDTH] as bf16 (dequantized here when W_FP8; WIDTH is 32
+    then) at columns c0 .. c0 + WIDTH - 1."""
+    cols = c0 + tl.arange(0, WIDTH)
+    x_mask, w_mask = m_mask[:, None], n_mask[:, None]
+    if not EVEN_K:
+        x_mask, w_mask = x_mask & (cols[None, :] < K_SIZE), w_mask & (cols[None, :] < K_SIZE)
+    x = tl.load(x_base + cols[None, :], mask=x_mask, other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * K_SIZE + cols[None, :], mask=w_mask, other=0.0)
+    if W_FP8:
+        # A chunk past K must not read its scale: the byte past the last one may be 255 (NaN).
+        s = tl.load(s_ptr + (w_rows // 32) * s_stride + c0 // 32, mask=n_mask & (c0 < K_SIZE), other=127)
+        w = (w.to(tl.float32) * e8m0_to_f32(s)[:, None]).to(tl.bfloat16)
+    return x, w
+
+
+@triton.jit
+def gemm_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
     out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, W_FP8: tl.constexpr,
-    EMU_F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ) -> None:  # fmt: skip
-    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] bf16 (unit stride
-    along K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8, dequantized here 32 columns
-    at a time) or bf16 (dequantized before, or dense); out [M, G, N] in its dtype, or the FP32 partial of
-    split s at out + s * out_stride_s when K is split (K_SPLIT then a multiple of BLOCK_K; EVEN_K: no
-    masks along K)."""
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along
+    K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out [M, G, N] in its
+    dtype, or the FP32 partial of split s at out + s * out_stride_s when K is split (K_SPLIT then a
+    multiple of BLOCK_K). SWAPPED accumulates out^T tiles. A step of BLOCK_K columns is one dot when
+    both operands are bf16 already, else BLOCK_K / 32 chunks (same tensor-core steps, same order)."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
+    CHUNKED: tl.constexpr = W_FP8 or X_MODE != 0
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, split = pid_gs // SPLITS, pid_gs % SPLITS
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -87,85 +147,25 @@ def bf16_linear_kernel(
     m_mask, n_mask = rows < m_size, n < n_size
     w_rows = (g * n_size + n).to(tl.int64)
     x_base = x_ptr + g * x_stride_g + rows[:, None] * x_stride_m
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAPPED:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = split * K_SPLIT
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_lo + k_step
-        if W_FP8:
+        if CHUNKED:
             for kk in tl.static_range(BLOCK_K // 32):
-                c0 = k0 + kk * 32
-                cols = c0 + tl.arange(0, 32)
-                a_mask, b_mask = m_mask[:, None], n_mask[None, :]
-                if not EVEN_K:
-                    a_mask, b_mask = a_mask & (cols[None, :] < K_SIZE), b_mask & (cols[:, None] < K_SIZE)
-                a = tl.load(x_base + cols[None, :], mask=a_mask, other=0.0)
-                b = tl.load(w_ptr + w_rows[None, :] * K_SIZE + cols[:, None], mask=b_mask, other=0.0)
-                # A chunk past K must not read its scale: the byte past the last one may be 255 (NaN).
-                s = tl.load(s_ptr + (w_rows // 32) * s_stride + c0 // 32, mask=n_mask & (c0 < K_SIZE), other=127)
-                b = (b.to(tl.float32) * e8m0_to_f32(s)[None, :]).to(tl.bfloat16)
-                acc = _acc_dot(a, b, acc, EMU_F32)
+                x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step + kk * 32,
+                                   s_stride, K_SIZE, 32, W_FP8, EVEN_K)  # fmt: skip
+                acc = _dot_x(w, x, acc, X_MODE, SWAPPED, EMU_F32)
         else:
-            cols = k0 + tl.arange(0, BLOCK_K)
-            a_mask, b_mask = m_mask[:, None], n_mask[None, :]
-            if not EVEN_K:
-                a_mask, b_mask = a_mask & (cols[None, :] < K_SIZE), b_mask & (cols[:, None] < K_SIZE)
-            a = tl.load(x_base + cols[None, :], mask=a_mask, other=0.0)
-            b = tl.load(w_ptr + w_rows[None, :] * K_SIZE + cols[:, None], mask=b_mask, other=0.0)
-            acc = _acc_dot(a, b, acc, EMU_F32)
+            x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step, s_stride,
+                               K_SIZE, BLOCK_K, False, EVEN_K)  # fmt: skip
+            acc = _dot_x(w, x, acc, X_MODE, SWAPPED, EMU_F32)
+    if SWAPPED:
+        acc = tl.trans(acc)
     out = out_ptr + split * out_stride_s + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    if SPLITS == 1:
-        tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out, acc, mask=mask)
-
-
-@triton.jit
-def swapped_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
-    out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, W_FP8: tl.constexpr,
-    EMU_F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-) -> None:  # fmt: skip
-    """bf16_linear_kernel with the operands swapped: the tile is out^T [BLOCK_N weight rows, BLOCK_M
-    activation rows] = W x^T, so the weight rows fill the tensor core's 64-row side and a decode batch
-    of a few rows needs only a 16-column activation tile (less shared memory, more programs per SM).
-    Same grid and arguments as bf16_linear_kernel."""
-    SPLITS: tl.constexpr = K_SIZE // K_SPLIT
-    pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    g, split = pid_gs // SPLITS, pid_gs % SPLITS
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = rows < m_size, n < n_size
-    w_rows = (g * n_size + n).to(tl.int64)
-    x_base = x_ptr + g * x_stride_g + rows[None, :] * x_stride_m
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_lo = split * K_SPLIT
-    for k_step in range(0, K_SPLIT, BLOCK_K):
-        k0 = k_lo + k_step
-        if W_FP8:
-            for kk in tl.static_range(BLOCK_K // 32):
-                c0 = k0 + kk * 32
-                cols = c0 + tl.arange(0, 32)
-                w_mask, x_mask = n_mask[:, None], m_mask[None, :]
-                if not EVEN_K:
-                    w_mask, x_mask = w_mask & (cols[None, :] < K_SIZE), x_mask & (cols[:, None] < K_SIZE)
-                w = tl.load(w_ptr + w_rows[:, None] * K_SIZE + cols[None, :], mask=w_mask, other=0.0)
-                xt = tl.load(x_base + cols[:, None], mask=x_mask, other=0.0)
-                # A chunk past K must not read its scale: the byte past the last one may be 255 (NaN).
-                s = tl.load(s_ptr + (w_rows // 32) * s_stride + c0 // 32, mask=n_mask & (c0 < K_SIZE), other=127)
-                w = (w.to(tl.float32) * e8m0_to_f32(s)[:, None]).to(tl.bfloat16)
-                acc = _acc_dot(w, xt, acc, EMU_F32)
-        else:
-            cols = k0 + tl.arange(0, BLOCK_K)
-            w_mask, x_mask = n_mask[:, None], m_mask[None, :]
-            if not EVEN_K:
-                w_mask, x_mask = w_mask & (cols[None, :] < K_SIZE), x_mask & (cols[:, None] < K_SIZE)
-            w = tl.load(w_ptr + w_rows[:, None] * K_SIZE + cols[None, :], mask=w_mask, other=0.0)
-            xt = tl.load(x_base + cols[:, None], mask=x_mask, other=0.0)
-            acc = _acc_dot(w, xt, acc, EMU_F32)
-    out = out_ptr + split * out_stride_s + g * out_stride_g + rows[None, :] * out_stride_m + n[:, None]
-    mask = n_mask[:, None] & m_mask[None, :]
     if SPLITS == 1:
         tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
     else:
@@ -190,33 +190,41 @@ def dequant_weight(w: Tensor, scale: Tensor) -> Tensor:
     return out
 
 
+def x_mode(x: Tensor, quantize: bool) -> int:
+    """The activation path for x: FP8-g32 quantized, bf16 as is, or split into bf16 pieces."""
+    if quantize:
+        return X_QUANT
+    return X_BF16 if x.dtype == torch.bfloat16 else X_SPLIT
+
+
 def launch(
-    x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, tiles: tuple, splits: int, predequant: bool,
-    swapped: bool = False,
+    x: Tensor, w: Tensor, scale: Tensor, out: Tensor, quantize: bool, tiles: tuple, splits: int
 ) -> None:
-    """x [M, G, K] bf16 (already qdq'ed where the op quantizes activations), w [G*N, K] (E4M3 with the
-    uint8 scale view, or bf16 with scale None), out [M, G, N] contiguous. predequant: an E4M3 weight is
-    dequantized to bf16 once before the GEMM (same values and dots: the same bits)."""
+    """x [M, G, K] (unit stride along K), w [G*N, K] E4M3 with its UE8M0 scale bytes, out [M, G, N]
+    contiguous; quantize: the op's FP8-g32 activation codec; tiles (BLOCK_M, BLOCK_N, BLOCK_K, warps,
+    stages, swapped). Swapped tiles dequantize the weight in registers; the others prepare both operands
+    in bf16 first (same values, same dots: the same bits)."""
     from dsgraph.platform.cuda.kernels.linear_tl import REDUCE_BLOCK, reduce_splits_kernel
 
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
-    block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
+    block_m, block_n, block_k, num_warps, num_stages, swapped = tiles[:6]
     if splits > 1 and k_size % (block_k * splits):
         raise ValueError(f"linear: K = {k_size} is not a multiple of BLOCK_K ({block_k}) x {splits} splits")
-    w_fp8 = scale is not None
-    if w_fp8 and predequant:
-        w, scale, w_fp8 = dequant_weight(w, scale), None, False
+    mode = x_mode(x, quantize)
+    if not swapped:
+        w = dequant_weight(w, scale)
+        if mode == X_QUANT:
+            x, mode = qdq_rows(x), X_BF16
     target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
-    kernel = swapped_kernel if swapped else bf16_linear_kernel
-    kernel[grid](
-        x, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
-        out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
-        K_SIZE=k_size, K_SPLIT=k_size // splits, W_FP8=w_fp8, EMU_F32=not x.is_cuda,
-        EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+    gemm_kernel[grid](
+        x, w, scale, target, m_size, n_size, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits, W_FP8=bool(swapped),
+        X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda, EVEN_K=(k_size // splits) % block_k == 0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         size = out.numel()
-        reduce_splits_kernel[(triton.cdiv(size, REDUCE_BLOCK),)](target, out, size, SPLITS=splits, BLOCK=REDUCE_BLOCK)
+        grid = (triton.cdiv(size, REDUCE_BLOCK),)
+        reduce_splits_kernel[grid](target, out, size, SPLITS=splits, BLOCK=REDUCE_BLOCK)

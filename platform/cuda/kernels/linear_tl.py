@@ -1,4 +1,5 @@
-"""The Triton kernel behind `linear` and `grouped_linear` (rules in linear.py, which imports this lazily).
+"""The Triton kernel behind `linear` and `grouped_linear` over dense weights, and the chunk dot the MoE
+kernels share (rules in linear.py, which imports this lazily; FP8 weights run linear_bf16_tl.py).
 
 One program computes a [BLOCK_M, BLOCK_N] tile of group g: `out[m, g, n] = sum_k x[m, g, k] * W[g*N + n, k]`.
 K is walked in 32-column chunks, the size of both scale blocks (weight UE8M0 32x32, activation FP8-g32):
@@ -7,8 +8,6 @@ the FP32 tile accumulator. Promoting every 32 columns also bounds the error of H
 whose internal accumulation keeps only ~14 mantissa bits. A pipeline step loads BLOCK_K / 32 chunks
 (more bytes in flight per step) but still adds them one at a time in increasing K order, so a row's
 result depends only on that row and the weights (batch invariance), whatever tiles linear.py picks.
-With FP8 activations the rows may be quantized once by `quantize_rows_kernel` (prequant) instead of once
-per N tile inside the GEMM: the same codec on the same values gives the same operands and scales.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ DOT_F32 = 2  # FP32 operands, IEEE FMA products (f32 activations with dense or m
 # pieces of 8 significant bits each, so three bf16 tensor-core dots give exact products summed in FP32.
 DOT_SPLIT = 3
 DOT_SPLIT_F32 = 4  # the same pieces dotted as FP32 (Triton's interpreter, whose bf16 dot is broken)
-QUANT_BLOCK_M = 16  # rows per program of quantize_rows_kernel
+# Triton's interpreter only: the chunk's products summed in FP64 and rounded once. Its FP32 dot sums in
+# an order that depends on the tile shape, which would make rows depend on the batch's tiles.
+DOT_F64 = 5
 REDUCE_BLOCK = 1024  # elements per program of reduce_splits_kernel
 
 
@@ -73,33 +74,17 @@ def chunk_dot(a, b, DOT_KIND: tl.constexpr) -> tl.tensor:
         part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif DOT_KIND == 3:
         part = _split_dot(a, b, tl.bfloat16)
+    elif DOT_KIND == 5:
+        part = tl.dot(a.to(tl.float64), b.to(tl.float64)).to(tl.float32)
     else:
         part = _split_dot(a, b, tl.float32)
     return part
 
 
 @triton.jit
-def quantize_rows_kernel(
-    x_ptr, q_ptr, s_ptr, m_size, k_size, x_stride_m, x_stride_g, BLOCK_M: tl.constexpr
-) -> None:
-    """Grid (cdiv(M, BLOCK_M), K / 32, G): x [M, G, K] -> q [M, G, K] E4M3 and s [M, G, K / 32] FP32
-    (contiguous), the same codec and operand values as chunk_dot's DOT_FP8, computed once per row instead
-    of once per N tile."""
-    pid_m, chunk, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    groups = tl.num_programs(2)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = chunk * 32 + tl.arange(0, 32)
-    mask = rows[:, None] < m_size
-    x = tl.load(x_ptr + g * x_stride_g + rows[:, None] * x_stride_m + cols[None, :], mask=mask, other=0.0)
-    q, scale = fp8_g32_quantize(x.to(tl.float32))
-    tl.store(q_ptr + (rows[:, None] * groups + g) * k_size + cols[None, :], q, mask=mask)
-    tl.store(s_ptr + (rows * groups + g) * (k_size // 32) + chunk, scale, mask=rows < m_size)
-
-
-@triton.jit
 def _chunk_part(
-    x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, c0, m_size, k_size, x_stride_m, xs_stride_m,
-    s_stride, DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
+    x_base, w_ptr, s_ptr, rows, w_rows, n_mask, c0, m_size, k_size, x_stride_m, s_stride,
+    DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
 ) -> tl.tensor:  # fmt: skip
     """The FP32 product of the 32-column chunk starting at column c0, both scales applied."""
     cols = c0 + tl.arange(0, 32)
@@ -111,12 +96,7 @@ def _chunk_part(
     else:
         a = _load_x_chunk(x_base, rows, cols, m_size, k_size, x_stride_m)
         b = _load_w_chunk(w_ptr, w_rows, n_mask, cols, k_size)
-    if X_SCALED:
-        # x was quantized by quantize_rows_kernel: E4M3 values and their FP32 scale per (row, chunk).
-        a_scale = tl.load(xs_base + rows * xs_stride_m + c0 // 32, mask=m_mask & k_ok, other=0.0)
-        part = tl.dot(a, b, out_dtype=tl.float32) * a_scale[:, None]
-    else:
-        part = chunk_dot(a, b, DOT_KIND)
+    part = chunk_dot(a, b, DOT_KIND)
     if HAS_SCALE:
         # The scale of a chunk past K must not be read: the byte past the last scale row may be 255 (NaN),
         # and 0 * NaN is NaN.
@@ -127,15 +107,14 @@ def _chunk_part(
 
 @triton.jit
 def linear_kernel(
-    x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, xs_stride_m,
-    out_stride_m, out_stride_g, out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
-    DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, X_SCALED: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
+    out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, DOT_KIND: tl.constexpr,
+    HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along K),
     W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along
-    N). X_SCALED: x is E4M3 from quantize_rows_kernel and xs [M, G, K/32] its FP32 scales (xs_stride_m per
-    row; the group's scales start at g * K/32). EVEN_K: K_SPLIT is a multiple of BLOCK_K (no K masks).
+    N). EVEN_K: K_SPLIT is a multiple of BLOCK_K (no K masks).
     Split s of K (K_SPLIT < K_SIZE) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into the FP32 partial
     out + s * out_stride_s (reduce_splits_kernel adds them); K_SPLIT == K_SIZE writes out in its dtype.
     Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order."""
@@ -148,14 +127,13 @@ def linear_kernel(
     n_mask = n < n_size
     w_rows = g * n_size + n
     x_base = x_ptr + g * x_stride_g
-    xs_base = xs_ptr + g * (K_SIZE // 32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = split * K_SPLIT
     for k0 in range(0, K_SPLIT, BLOCK_K):
         for kk in tl.static_range(BLOCK_K // 32):
             acc += _chunk_part(
-                x_base, xs_base, w_ptr, s_ptr, rows, w_rows, n_mask, k_lo + k0 + kk * 32, m_size, K_SIZE,
-                x_stride_m, xs_stride_m, s_stride, DOT_KIND, HAS_SCALE, X_SCALED, EVEN_K,
+                x_base, w_ptr, s_ptr, rows, w_rows, n_mask, k_lo + k0 + kk * 32, m_size, K_SIZE, x_stride_m,
+                s_stride, DOT_KIND, HAS_SCALE, EVEN_K,
             )  # fmt: skip
     out = out_ptr + split * out_stride_s + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
     mask = (rows[:, None] < m_size) & n_mask[None, :]
@@ -177,26 +155,14 @@ def reduce_splits_kernel(part_ptr, out_ptr, size, SPLITS: tl.constexpr, BLOCK: t
     tl.store(out_ptr + i, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [M, G, K] (K a multiple of 32, unit stride along K) -> (E4M3 [M, G, K], FP32 scales [M, G, K/32])."""
-    m_size, groups, k_size = x.shape
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty((m_size, groups, k_size // 32), dtype=torch.float32, device=x.device)
-    if x.numel():
-        grid = (triton.cdiv(m_size, QUANT_BLOCK_M), k_size // 32, groups)
-        quantize_rows_kernel[grid](x, q, s, m_size, k_size, x.stride(0), x.stride(1), BLOCK_M=QUANT_BLOCK_M)
-    return q, s
-
-
 def launch(
     x: Tensor, w: Tensor, scale: Tensor | None, out: Tensor, dot_kind: int, tiles: Sequence[Any],
     splits: int = 1,
 ) -> None:  # fmt: skip
     """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N] (contiguous); tiles = (BLOCK_M,
-    BLOCK_N, BLOCK_K, num_warps, num_stages[, prequant]). prequant (DOT_FP8 with K % 32 == 0 only): x is
-    quantized by quantize_rows_kernel first, which gives the GEMM the same operands as in-kernel
-    quantization. splits > 1 (K a multiple of BLOCK_K * splits): K is cut into that many equal ranges, summed
-    into FP32 partials and then added in order (linear.py picks splits from the weight's shape only)."""
+    BLOCK_N, BLOCK_K, num_warps, num_stages, ...). splits > 1 (K a multiple of BLOCK_K * splits): K is cut
+    into that many equal ranges, summed into FP32 partials and then added in order (linear.py picks splits
+    from the weight's shape only)."""
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
     block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
@@ -205,20 +171,15 @@ def launch(
             f"linear: {splits} K splits of K = {k_size}, expected K a multiple of BLOCK_K ({block_k}) "
             "times the splits"
         )
-    x_scaled = bool(tiles[5]) if len(tiles) > 5 else False
-    x_scaled = x_scaled and dot_kind == DOT_FP8 and k_size % 32 == 0
-    xs = x
-    if x_scaled:
-        x, xs = quantize_rows(x)
     k_split = k_size // splits
     target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     linear_kernel[grid](
-        x, xs, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
-        xs.stride(0) if x_scaled else 0, out.stride(0), out.stride(1), out.numel(),
-        scale.stride(0) if scale is not None else 0, K_SIZE=k_size, K_SPLIT=k_split,
-        DOT_KIND=dot_kind, HAS_SCALE=scale is not None, X_SCALED=x_scaled, EVEN_K=k_split % block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        x, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
+        out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
+        K_SIZE=k_size, K_SPLIT=k_split, DOT_KIND=dot_kind, HAS_SCALE=scale is not None,
+        EVEN_K=k_split % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if splits > 1:
         size = out.numel()
