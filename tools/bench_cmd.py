@@ -1,6 +1,7 @@
 """`dsgraph bench`: calibrate the GPU, time kernels side by side and the full-width model's prefill and
 decode steps, write JSON and the decode Pareto plots (`--plot FILE` redraws the plots of a saved run).
-`dsgraph bench serve`: online load against a running server (tools/bench/serve_bench.py)."""
+`dsgraph bench serve`: online load against a running server (tools/bench/serve_bench.py, its arguments
+in serve_args.py)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)
-    from dsgraph.tools.bench import serve_bench
+    from dsgraph.tools.bench import serve_args
 
-    serve_bench.add_parser(p.add_subparsers(dest="mode", metavar="MODE"))
+    serve_args.add_parser(p.add_subparsers(dest="mode", metavar="MODE"))
