@@ -48,8 +48,7 @@ def _logging() -> None:
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
-    from dsgraph.runtime.server.lifecycle import DEFAULT_GRACE_S
-    from dsgraph.runtime.server.limits import ServerLimits
+    from dsgraph.runtime.server.limits import DEFAULT_GRACE_S, ServerLimits
 
     d = ServerLimits()
     p.add_argument("--max-request-body-bytes", type=int, default=d.max_body_bytes, help="larger: 413")

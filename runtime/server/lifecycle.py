@@ -13,7 +13,9 @@ from typing import Any
 
 import uvicorn
 
-DEFAULT_GRACE_S = 30.0  # as Kubernetes' default terminationGracePeriodSeconds
+from dsgraph.runtime.server.limits import DEFAULT_GRACE_S
+
+__all__ = ["DEFAULT_GRACE_S", "Drain", "DrainingServer"]
 
 
 class Drain:

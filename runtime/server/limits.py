@@ -18,6 +18,10 @@ import numpy as np
 
 from dsgraph.runtime.server.errors import ApiError
 
+# Seconds a draining server waits for requests in flight (SIGTERM, --shutdown-timeout): Kubernetes'
+# default terminationGracePeriodSeconds. Here rather than in lifecycle.py so the CLI parses without uvicorn.
+DEFAULT_GRACE_S = 30.0
+
 MiB = 1 << 20
 TRIM_AFTER_BYTES = MiB  # bodies from this size hand their freed memory back to the system
 # A JSON string (escapes included); the unrolled form keeps the regex linear on long strings.
