@@ -1,0 +1,116 @@
+"""Prefill with truncation against off, in the same run: one fresh prompt of `chunk` tokens prefilled in
+one step, for truncation off, mask and compact (the decoder layers on the last KEEP = window + maximum
+backtrack tokens), at each chunk size. Tokens/s of each, and the speed-up of mask and compact over off.
+Compact at 16k is the figure the targets name (>= 1.6x on the H200 at 40 layers); the bench model has
+4 decoder layers of 8, so its ratio is a lower bound of the 40-layer one only where the decoder share is
+equal (20 of 40 in V4.1: the same half)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dsgraph.models.deepseek_v41.config import ModelConfig
+from dsgraph.models.deepseek_v41.model import build_model
+from dsgraph.models.deepseek_v41.numerics import SERVING
+from dsgraph.models.deepseek_v41.step_io import default_geometry
+from dsgraph.runtime.prefill_truncation import min_keep_tokens, truncated_inputs
+from dsgraph.tools.bench.model_bench import session_for, synthetic_token_map
+from dsgraph.tools.bench.steps import prefill_step
+
+__all__ = ["truncation_prefill_cases", "wall_ms"]
+
+Timer = Callable[[Callable[[], object]], float]
+
+
+def wall_ms(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 3) -> float:
+    """Median wall-clock milliseconds of `fn` (the cpu platform's timer; cuda uses CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _device_timer(chunk: int, capture_max: int) -> Timer:
+    from dsgraph.tools.bench.timing import time_ms
+
+    big = chunk > capture_max  # eager, seconds per step: fewer repeats
+    return lambda fn: time_ms(fn, warmup=1 if big else 2, repeats=2 if big else 5)
+
+
+def _mode_case(
+    cfg: ModelConfig, weights: Mapping[str, Tensor], chunk: int, mode: str, keep: int, platform: str
+) -> dict[str, Any]:
+    model = build_model(
+        cfg, synthetic_token_map(cfg), SERVING, default_geometry(cfg.text, chunk + 64), truncation=mode
+    )
+    session = session_for(model, weights, 1, chunk, platform)
+    step = prefill_step(model, chunk)
+    if mode != "off":
+        cut = truncated_inputs(step, np.array([chunk - keep], dtype=np.int32), mode)
+        step = step if cut is None else cut
+    timer = wall_ms if platform == "cpu" else _device_timer(chunk, session.capture_max_tokens)
+    ms = timer(lambda: session.run(step))
+    logits = session.run(step).float().cpu()
+    decoder_rows = int(step["kept_rows"].shape[0]) if "kept_rows" in step else chunk
+    return {
+        "ms": ms,
+        "tokens_per_s": chunk / (ms * 1e-3),
+        "decoder_rows": decoder_rows,
+        "captured": session.captures > 0,
+        "finite_logits": bool(torch.isfinite(logits).all()),
+        "_logits": logits,
+    }
+
+
+def truncation_prefill_cases(
+    cfg: ModelConfig,
+    weights: Mapping[str, Tensor],
+    chunks: Sequence[int],
+    *,
+    platform: str = "cuda",
+    deadline: float = float("inf"),
+) -> dict[str, Any]:
+    """For each chunk: off, mask and compact timed back to back; mask and compact logits compared."""
+    keep = min_keep_tokens(cfg.text)
+    rows = []
+    for chunk in chunks:
+        row: dict[str, Any] = {"chunk": chunk, "keep": keep}
+        for mode in ("off", "mask", "compact"):
+            if time.monotonic() > deadline:
+                row[mode] = {"skipped": "over the bench's time budget"}
+                continue
+            try:
+                row[mode] = _mode_case(cfg, weights, chunk, mode, keep, platform)
+            except Exception as exc:  # one case failing (out of memory, say) must not end the part
+                row[mode] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        _ratios(row)
+        rows.append(row)
+    return {"doc": __doc__, "keep": keep, "cases": rows}
+
+
+def _ratios(row: dict[str, Any]) -> None:
+    logits = {m: row[m].pop("_logits", None) for m in ("off", "mask", "compact") if isinstance(row[m], dict)}
+    if logits.get("mask") is not None and logits.get("compact") is not None:
+        row["mask_compact_max_abs_diff"] = float((logits["mask"] - logits["compact"]).abs().max())
+    if logits.get("off") is not None and logits.get("compact") is not None:
+        row["compact_off_max_abs_diff"] = float((logits["off"] - logits["compact"]).abs().max())
+    off = row["off"].get("ms") if isinstance(row["off"], dict) else None
+    for mode in ("mask", "compact"):
+        ms = row[mode].get("ms") if isinstance(row[mode], dict) else None
+        if off and ms:
+            row[f"speedup_{mode}"] = off / ms
