@@ -79,18 +79,24 @@ def resolve_keep(text: TextConfig, keep: int | None, draft_len: int | None = Non
 
 
 def truncated_inputs(
-    inputs: Mapping[str, np.ndarray], keep_start: np.ndarray, mode: str
+    inputs: Mapping[str, np.ndarray], keep_start: np.ndarray, mode: str, window: int
 ) -> dict[str, np.ndarray] | None:
     """The step inputs of a truncated step (`keep_start` [seqs]: first kept position per sequence, 0 for
-    an untruncated one), or None when no real row is truncated (the step runs the plain graph)."""
+    an untruncated one), or None when no row's decoder window reaches below its kept suffix (then the
+    step runs the plain graph). A chunk of kept rows only still needs the narrowed window while its
+    first rows' windows (`window` positions) reach back past the suffix's start."""
     seq_ids = np.asarray(inputs["seq_ids"])
     positions = np.asarray(inputs["positions"])
     keep_start = np.asarray(keep_start, dtype=np.int32)
     real = seq_ids >= 0
-    row_start = np.where(real, keep_start[np.clip(seq_ids, 0, None)] if keep_start.size else 0, 0)
-    kept = real & (positions >= row_start)
-    if not (real & ~kept).any():
+    seq = np.clip(seq_ids, 0, None)
+    row_start = np.where(real, keep_start[seq] if keep_start.size else 0, 0)
+    lowest = np.maximum(positions - window + 1, 0)
+    if keep_start.size:
+        lowest = np.maximum(lowest, np.asarray(inputs["seq_window_start"])[seq])
+    if not (real & (lowest < row_start)).any():
         return None
+    kept = real & (positions >= row_start)
     out = dict(inputs)
     out["seq_decoder_window_start"] = np.maximum(np.asarray(inputs["seq_window_start"]), keep_start)
     if mode == "mask":
@@ -119,6 +125,7 @@ class PrefillTruncation:
 
     mode: str
     keep: int
+    window: int  # the config's sliding_window
 
     @classmethod
     def for_engine(cls, text: TextConfig, mode: str, keep: int | None, draft_len: int | None) -> Any:
@@ -126,7 +133,7 @@ class PrefillTruncation:
         check_truncation_fields(mode, keep)
         if mode == "off":
             return None
-        policy = cls(mode, resolve_keep(text, keep, draft_len))
+        policy = cls(mode, resolve_keep(text, keep, draft_len), text.sliding_window)
         LOG.warning(
             "prefill truncation %s: the decoder layers (from layer %d) run on each prompt's last %d tokens "
             "only. This is an approximation: their sliding-window state differs from a full prefill "
@@ -157,5 +164,5 @@ class PrefillTruncation:
             p = lv.params
             target[k] = len(lv.prompt) + len(lv.tokens)
             exempt[k] = p.prompt_logprobs is not None or bool(p.golden_token_ids)
-        out = truncated_inputs(inputs, self.keep_starts(target, exempt), self.mode)
+        out = truncated_inputs(inputs, self.keep_starts(target, exempt), self.mode, self.window)
         return inputs if out is None else out

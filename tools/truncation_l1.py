@@ -160,15 +160,20 @@ def _scheduler(cfg: L1Config) -> Scheduler:
     return s
 
 
-def _compare(cfg: L1Config, metas: dict[str, dict[str, Any]], lives: Mapping[int, Any]) -> list[str]:
-    """The mode-to-mode checks of one step (`metas[mode]` = {"enc": ..., "dec": ...})."""
+def _compare(
+    cfg: L1Config, metas: dict[str, dict[str, Any]], lives: Mapping[int, Any], prefill: set[int]
+) -> list[str]:
+    """The mode-to-mode checks of one step (`metas[mode]` = {"enc": ..., "dec": ...}); `prefill`: the
+    requests of its prefill chunks (decode rows are never truncated: their rectangle starts at 0)."""
     bad = []
     off, mask, compact = metas["off"], metas["mask"], metas["compact"]
     for mode in ("mask", "compact"):
         if metas[mode]["enc"] != off["enc"]:
             bad.append(f"{mode}: the encoder's metadata differs from off")
     keep_start = {
-        rid: 0 if rid in cfg.exempt else max(len(lv.prompt) + len(lv.tokens) - cfg.keep, 0)
+        rid: max(len(lv.prompt) + len(lv.tokens) - cfg.keep, 0)
+        if rid in prefill and rid not in cfg.exempt
+        else 0
         for rid, lv in lives.items()
     }
     for key, m in mask["dec"].items():
@@ -201,7 +206,7 @@ def run_l1(cfg: L1Config = L1Config(), policy_keep: int | None = None) -> L1Repo
     tokens: dict[int, list[int]] = {rid: [] for rid in range(len(cfg.prompts))}
     rings = {m: _Ring() for m in MODES}
     keep = cfg.keep if policy_keep is None else policy_keep
-    policies = {m: PrefillTruncation(m, keep) for m in ("mask", "compact")}
+    policies = {m: PrefillTruncation(m, keep, cfg.window) for m in ("mask", "compact")}
     plan = sched.schedule()
     while plan.bucket > 0:
         report.steps += 1
@@ -220,7 +225,8 @@ def run_l1(cfg: L1Config = L1Config(), policy_keep: int | None = None) -> L1Repo
             rings[mode].write(dec)
             report.rows[mode] += len(dec)
             metas[mode] = {"enc": enc, "dec": dec}
-        report.mismatches += [f"step {plan.step}: {b}" for b in _compare(cfg, metas, lives)]
+        prefill = set(rids[plan.num_decode :])
+        report.mismatches += [f"step {plan.step}: {b}" for b in _compare(cfg, metas, lives, prefill)]
         sampled = np.full(len(plan.sample_rows), 4, dtype=np.int32)
         for rid in plan.sample_rids.tolist():
             tokens[int(rid)].append(4)

@@ -78,7 +78,8 @@ def _run_step(
     inputs = {k: v.numpy() for k, v in runner.step_inputs(chunks).items()}
     inputs["sample_rows"] = np.asarray(sample, dtype=np.int32)
     mode = runner.model.truncation
-    cut = None if mode == "off" else truncated_inputs(inputs, keep_start, mode)
+    window = runner.model.cfg.text.sliding_window
+    cut = None if mode == "off" else truncated_inputs(inputs, keep_start, mode, window)
     logits = runner.session.run(inputs if cut is None else cut)
     for rid, new in chunks:
         runner.requests[rid].tokens += list(new)

@@ -31,7 +31,7 @@ def _step() -> dict[str, np.ndarray]:
 
 
 def test_compact_keeps_the_suffix_and_renumbers_sample_rows() -> None:
-    out = truncated_inputs(_step(), np.array([0, 16], np.int32), "compact")
+    out = truncated_inputs(_step(), np.array([0, 16], np.int32), "compact", 8)
     assert out is not None
     assert out["kept_rows"].tolist() == [0, 7, 8, 9, 10]
     assert out["kept_positions"].tolist() == [50, 16, 17, 18, 19]
@@ -44,21 +44,32 @@ def test_compact_keeps_the_suffix_and_renumbers_sample_rows() -> None:
 
 
 def test_mask_only_narrows_the_decoder_window() -> None:
-    out = truncated_inputs(_step(), np.array([0, 16], np.int32), "mask")
+    out = truncated_inputs(_step(), np.array([0, 16], np.int32), "mask", 8)
     assert out is not None and "kept_rows" not in out
     assert out["seq_decoder_window_start"].tolist() == [0, 16]
     assert out["sample_rows"].tolist() == [0, 10]
 
 
 def test_a_step_that_truncates_nothing_runs_the_plain_graph() -> None:
-    # the kept suffix starts at or before the chunk: nothing to cut
-    assert truncated_inputs(_step(), np.array([0, 10], np.int32), "compact") is None
-    assert truncated_inputs(_step(), np.array([0, 0], np.int32), "mask") is None
+    # no row's window reaches below the kept suffix (the window start is already 4): nothing to cut
+    assert truncated_inputs(_step(), np.array([0, 4], np.int32), "compact", 8) is None
+    assert truncated_inputs(_step(), np.array([0, 0], np.int32), "mask", 8) is None
+
+
+def test_a_chunk_of_kept_rows_still_narrows_windows_reaching_below_the_suffix() -> None:
+    """Suffix from 7: every row of the chunk 10..19 is kept, but rows 10..13 (window 8) would read
+    positions 4..6, which the decoder did not run on (the L1 ring check catches that)."""
+    out = truncated_inputs(_step(), np.array([0, 7], np.int32), "compact", 8)
+    assert out is not None
+    assert out["kept_rows"].tolist() == list(range(11))
+    assert out["seq_decoder_window_start"].tolist() == [0, 7]
+    assert out["seq_decoder_start"].tolist() == [50, 10]
+    assert truncated_inputs(_step(), np.array([0, 7], np.int32), "compact", 4) is None  # window 4: 7..
 
 
 def test_a_truncated_sample_row_is_an_error() -> None:
     with pytest.raises(ValueError, match="sample row 10 is a truncated row"):
-        truncated_inputs(_step(), np.array([0, 25], np.int32), "compact")
+        truncated_inputs(_step(), np.array([0, 25], np.int32), "compact", 8)
 
 
 def test_keep_rule_names_window_and_backtrack() -> None:

@@ -58,7 +58,7 @@ def _mode_case(
     session = session_for(model, weights, 1, chunk, platform)
     step = prefill_step(model, chunk)
     if mode != "off":
-        cut = truncated_inputs(step, np.array([chunk - keep], dtype=np.int32), mode)
+        cut = truncated_inputs(step, np.array([chunk - keep], np.int32), mode, cfg.text.sliding_window)
         step = step if cut is None else cut
     timer = wall_ms if platform == "cpu" else _device_timer(chunk, session.capture_max_tokens)
     ms = timer(lambda: session.run(step))
