@@ -12,6 +12,10 @@ CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.p
 activations' memory for the session's life (46 GB at a 64k chunk of the full-width bench model), and at
 that size the per-kernel launch cost is a vanishing part of the step.
 
+A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill_truncation.py) runs the
+model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
+compact its `kept` dim (the decoder's rows) is one more bucketed dim.
+
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
 the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
 the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.

@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from dsgraph.runtime.prefill_truncation import MEASURED_BOUND_NATS
+    from dsgraph.runtime.prefill_truncation import BOUND_NATS
 
     p = sub.add_parser("truncation-check", help="prefill truncation equivalence checks (L1 metadata, L2 values)")
     p.add_argument("--level", choices=["l1", "l2", "all"], default="all")
@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--bound",
         type=float,
-        default=MEASURED_BOUND_NATS,
+        default=BOUND_NATS,
         help="largest allowed change of a golden token's log-prob against off (nats)",
     )
     p.add_argument("--json", action="store_true")

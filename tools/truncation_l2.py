@@ -36,8 +36,8 @@ __all__ = ["L2Config", "L2Result", "compare_l2", "run_mode"]
 @dataclass(frozen=True)
 class L2Config:
     prompt_lens: tuple[int, ...] = (45, 23, 60)
-    golden_len: int = 6
-    chunk: int = 16
+    golden_len: int = 4
+    chunk: int = 24
     keep: int | None = None  # None: the model's minimum (sliding_window + maximum backtrack)
     numerics: str = "serving"
     seed: int = 5
