@@ -11,14 +11,24 @@ from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from tests.oracle import model_fixtures as fx
 
-PROMPTS = [fx.prompt(900 + i, n) for i, n in enumerate([41, 9, 66, 23])]
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+PROMPTS = [fx.prompt(900 + i, n) for i, n in enumerate([37, 9, 52])]
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
 KW = {"max_model_len": 256, "max_num_batched_tokens": 24, "enable_prefix_cache": False}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     return fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="module")
+def llms(model_dir):  # type: ignore[no-untyped-def]
+    """One engine per mode, shared by the tests (each generate call is independent)."""
+    return {
+        "off": LLM(model_dir, **KW),
+        "mask": LLM(model_dir, prefill_truncation="mask", **KW),
+        "compact": LLM(model_dir, prefill_truncation="compact", **KW),
+    }
 
 
 def _run(llm: LLM, params: SamplingParams, prompts=PROMPTS):  # type: ignore[no-untyped-def]
@@ -31,32 +41,30 @@ def _tokens_and_logprobs(outs):  # type: ignore[no-untyped-def]
     return [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in outs]
 
 
-def test_mask_and_compact_agree_bit_for_bit_in_the_engine(model_dir) -> None:  # type: ignore[no-untyped-def]
-    mask = LLM(model_dir, prefill_truncation="mask", **KW)
-    compact = LLM(model_dir, prefill_truncation="compact", **KW)
-    got_mask, got_compact = _run(mask, GREEDY), _run(compact, GREEDY)
+def test_mask_and_compact_agree_bit_for_bit_in_the_engine(llms) -> None:  # type: ignore[no-untyped-def]
+    compact = llms["compact"]
+    got_mask, got_compact = _run(llms["mask"], GREEDY), _run(compact, GREEDY)
     assert _tokens_and_logprobs(got_mask) == _tokens_and_logprobs(got_compact)
     assert [o.outputs[0].logprobs for o in got_mask] == [o.outputs[0].logprobs for o in got_compact]
     # the truncated graph ran: compact lowered programs of its own variant
     assert any(key[-1] == ("~truncated", 1) for key in compact.engine.session.programs)
 
 
-def test_truncation_is_an_approximation_of_off(model_dir) -> None:  # type: ignore[no-untyped-def]
-    off = _run(LLM(model_dir, **KW), GREEDY)
-    compact = _run(LLM(model_dir, prefill_truncation="compact", **KW), GREEDY)
+def test_truncation_is_an_approximation_of_off(llms) -> None:  # type: ignore[no-untyped-def]
+    off, compact = _run(llms["off"], GREEDY), _run(llms["compact"], GREEDY)
     # the 9-token prompt is shorter than KEEP: untruncated, its tokens are exact
     assert _tokens_and_logprobs(compact)[1] == _tokens_and_logprobs(off)[1]
     first = [(o.outputs[0].logprobs[0], c.outputs[0].logprobs[0]) for o, c in zip(off, compact, strict=True)]
     assert any(a != b for a, b in first)  # truncated prompts do move (an approximation, not exact)
 
 
-def test_prompt_logprob_and_teacher_forced_requests_run_untruncated(model_dir) -> None:  # type: ignore[no-untyped-def]
-    off, compact = LLM(model_dir, **KW), LLM(model_dir, prefill_truncation="compact", **KW)
-    scored = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1, ignore_eos=True)
+def test_prompt_logprob_and_teacher_forced_requests_run_untruncated(llms) -> None:  # type: ignore[no-untyped-def]
+    off, compact = llms["off"], llms["compact"]
+    scored = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1, ignore_eos=True)
     a, b = _run(off, scored), _run(compact, scored)
     assert [o.prompt_logprobs for o in a] == [o.prompt_logprobs for o in b]
     assert _tokens_and_logprobs(a) == _tokens_and_logprobs(b)
-    golden = SamplingParams(temperature=0, max_tokens=4, golden_token_ids=(5, 9, 11, 13), ignore_eos=True)
+    golden = SamplingParams(temperature=0, max_tokens=3, golden_token_ids=(5, 9, 11), ignore_eos=True)
     assert _tokens_and_logprobs(_run(off, golden)) == _tokens_and_logprobs(_run(compact, golden))
 
 

@@ -40,3 +40,10 @@ def test_l1_fails_when_a_mode_runs_truncated_rows() -> None:
     """A policy that keeps more rows in compact than mask narrows to is caught as a difference."""
     report = run_l1(replace(L1Config(), keep=20), policy_keep=14)  # checks expect 20, steps keep 14
     assert not report.ok
+
+
+def test_truncation_check_command_l1(capsys) -> None:  # type: ignore[no-untyped-def]
+    from dsgraph.tools.cli import main
+
+    assert main(["truncation-check", "--level", "l1"]) == 0
+    assert "OK" in capsys.readouterr().out

@@ -50,7 +50,13 @@ def _device_timer(chunk: int, capture_max: int) -> Timer:
 
 
 def _mode_case(
-    cfg: ModelConfig, weights: Mapping[str, Tensor], chunk: int, mode: str, keep: int, platform: str
+    cfg: ModelConfig,
+    weights: Mapping[str, Tensor],
+    chunk: int,
+    mode: str,
+    keep: int,
+    platform: str,
+    timer: Timer | None,
 ) -> dict[str, Any]:
     model = build_model(
         cfg, synthetic_token_map(cfg), SERVING, default_geometry(cfg.text, chunk + 64), truncation=mode
@@ -60,7 +66,8 @@ def _mode_case(
     if mode != "off":
         cut = truncated_inputs(step, np.array([chunk - keep], np.int32), mode, cfg.text.sliding_window)
         step = step if cut is None else cut
-    timer = wall_ms if platform == "cpu" else _device_timer(chunk, session.capture_max_tokens)
+    if timer is None:
+        timer = wall_ms if platform == "cpu" else _device_timer(chunk, session.capture_max_tokens)
     ms = timer(lambda: session.run(step))
     logits = session.run(step).float().cpu()
     decoder_rows = int(step["kept_rows"].shape[0]) if "kept_rows" in step else chunk
@@ -81,8 +88,10 @@ def truncation_prefill_cases(
     *,
     platform: str = "cuda",
     deadline: float = float("inf"),
+    timer: Timer | None = None,
 ) -> dict[str, Any]:
-    """For each chunk: off, mask and compact timed back to back; mask and compact logits compared."""
+    """For each chunk: off, mask and compact timed back to back; mask and compact logits compared.
+    `timer` (None: CUDA events on cuda, wall clock on cpu) times one call of a step."""
     keep = min_keep_tokens(cfg.text)
     rows = []
     for chunk in chunks:
@@ -92,7 +101,7 @@ def truncation_prefill_cases(
                 row[mode] = {"skipped": "over the bench's time budget"}
                 continue
             try:
-                row[mode] = _mode_case(cfg, weights, chunk, mode, keep, platform)
+                row[mode] = _mode_case(cfg, weights, chunk, mode, keep, platform, timer)
             except Exception as exc:  # one case failing (out of memory, say) must not end the part
                 row[mode] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             gc.collect()
