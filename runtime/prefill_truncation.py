@@ -154,7 +154,9 @@ class PrefillTruncation:
     def keep_starts(self, target_len: np.ndarray, exempt: np.ndarray) -> np.ndarray:
         return np.where(exempt, 0, np.maximum(np.asarray(target_len) - self.keep, 0)).astype(np.int32)
 
-    def apply(self, plan: Any, inputs: dict[str, np.ndarray], live: Mapping[int, Any]) -> dict[str, np.ndarray]:
+    def apply(
+        self, plan: Any, inputs: dict[str, np.ndarray], live: Mapping[int, Any]
+    ) -> dict[str, np.ndarray]:
         """`inputs` of an engine step, truncated where a prefill chunk lies before its kept suffix.
         `live`: request id -> the engine's record (prompt, tokens, params)."""
         n = plan.num_seqs

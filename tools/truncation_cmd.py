@@ -53,7 +53,9 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from dsgraph.runtime.prefill_truncation import BOUND_NATS
 
-    p = sub.add_parser("truncation-check", help="prefill truncation equivalence checks (L1 metadata, L2 values)")
+    p = sub.add_parser(
+        "truncation-check", help="prefill truncation equivalence checks (L1 metadata, L2 values)"
+    )
     p.add_argument("--level", choices=["l1", "l2", "all"], default="all")
     p.add_argument("--model", default=None, help="checkpoint for L2 (default: the embedded tiny model)")
     p.add_argument(

@@ -113,7 +113,9 @@ class _Ring:
     def __init__(self) -> None:
         self.held: dict[int, Key] = {}
 
-    def check_reads(self, meta: Mapping[Key, dict[str, Any]], slots: Mapping[int, int], ring_len: int) -> list:
+    def check_reads(
+        self, meta: Mapping[Key, dict[str, Any]], slots: Mapping[int, int], ring_len: int
+    ) -> list:
         bad = []
         for (rid, p), m in meta.items():
             for pos, source in m["keys"]:
@@ -135,9 +137,7 @@ def _lives(cfg: L1Config, tokens: Mapping[int, list[int]]) -> dict[int, Any]:
         rid: SimpleNamespace(
             prompt=[3] * n,
             tokens=tokens[rid],
-            params=SimpleNamespace(
-                prompt_logprobs=1 if rid in cfg.exempt else None, golden_token_ids=()
-            ),
+            params=SimpleNamespace(prompt_logprobs=1 if rid in cfg.exempt else None, golden_token_ids=()),
         )
         for rid, n in enumerate(cfg.prompts)
     }
@@ -232,4 +232,3 @@ def run_l1(cfg: L1Config = L1Config(), policy_keep: int | None = None) -> L1Repo
             tokens[int(rid)].append(4)
         _, plan = sched.advance(sampled)
     return report
-

@@ -74,7 +74,7 @@ def forward(
     dspark_layers: tuple[int, ...] = (),
     truncation: str = "off",
 ) -> dict[str, Tracer]:
-    """`truncation` "mask" / "compact": the step is a truncated prefill (models/deepseek_v41/truncation.py)."""
+    """`truncation` "mask" / "compact": a truncated prefill step (models/deepseek_v41/truncation.py)."""
     x, a = embed(f), None
     features: list[Tracer] = []
     boundary = decoder_start(f.text) if truncation != "off" else -1

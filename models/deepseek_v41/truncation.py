@@ -51,7 +51,7 @@ def check_truncatable(text: TextConfig, dspark_layers: tuple[int, ...] = ()) -> 
     if early:
         raise ValueError(
             f"prefill_truncation: dspark_target_layer_ids {list(dspark_layers)} has layers {early} before "
-            f"the first decoder layer {first}; with truncation every DSpark target layer must be a decoder layer"
+            f"the first decoder layer {first}; with truncation every DSpark target must be a decoder layer"
         )
 
 

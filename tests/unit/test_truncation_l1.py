@@ -20,7 +20,12 @@ def test_l1_tiny_geometry_mixed_batches_and_chunks() -> None:
 def test_l1_v41_geometry() -> None:
     """Window 128, ring 134, KEEP 134 (V4.1 with 5 drafts); prompts of several chunks of 256."""
     cfg = L1Config(
-        window=128, ring_len=134, keep=134, prompts=(700, 150, 400), budget=256, decode_steps=4,
+        window=128,
+        ring_len=134,
+        keep=134,
+        prompts=(700, 150, 400),
+        budget=256,
+        decode_steps=4,
         max_model_len=1024,
     )
     report = run_l1(cfg)
