@@ -72,3 +72,22 @@ def test_keep_below_window_plus_backtrack_refuses_to_start(model_dir) -> None:  
     with pytest.raises(ValueError, match=r"sliding_window \(8\) \+ maximum backtrack \(6\)"):
         LLM(model_dir, prefill_truncation="compact", prefill_keep_tokens=13, **KW)
     LLM(model_dir, prefill_truncation="mask", prefill_keep_tokens=14, **KW)  # the minimum starts
+
+
+def test_truncation_with_prefix_hits_overlap_and_drafting(model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Prefix-cache hits (a replayed chunk start), overlapped steps and DSpark drafting after the prompt:
+    mask and compact still give the same tokens and log-probs."""
+    shared = fx.prompt(950, 40)
+    prompts = [shared + fx.prompt(951 + i, 7) for i in range(2)]
+    runs = {}
+    for mode in ("mask", "compact"):
+        cached = LLM(model_dir, prefill_truncation=mode, max_model_len=256, max_num_batched_tokens=24)
+        _run(cached, GREEDY, [shared + fx.prompt(960, 5)])  # fills the prefix cache
+        hits = _run(cached, GREEDY, prompts)
+        assert all(o.num_cached_tokens > 0 for o in hits)
+        overlapped = LLM(model_dir, prefill_truncation=mode, overlap="on", **KW)
+        drafted = LLM(model_dir, prefill_truncation=mode, speculative="dspark", verify_schedule="fixed", **KW)
+        runs[mode] = [_tokens_and_logprobs(hits)] + [
+            _tokens_and_logprobs(_run(llm, GREEDY)) for llm in (overlapped, drafted)
+        ]
+    assert runs["mask"] == runs["compact"]
