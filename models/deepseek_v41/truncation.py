@@ -12,7 +12,9 @@ Two graph variants realise the same numbers on the kept rows:
 - `compact`: at the boundary its compressed entries and index keys are written from every row; then the
   residual streams and the mHC pre-mix are gathered to the kept rows (`kept_rows`) and the decoder, the
   final norm and the head run on those rows only (`kept_positions`, `kept_seq_ids`, and per sequence
-  `seq_decoder_start`, the first kept position of its chunk; `sample_rows` index the kept rows).
+  `seq_decoder_start`, the first kept position of its chunk; `sample_rows` index the kept rows). A
+  chunk wholly before its suffix puts no row in the decoder (DeepInfer keeps its last row as a
+  placeholder sampling row; here such a chunk samples nothing).
 
 The host side (which rows are kept, the start-up rule on KEEP) is `runtime/prefill_truncation.py`.
 """

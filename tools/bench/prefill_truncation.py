@@ -3,7 +3,10 @@ one step, for truncation off, mask and compact (the decoder layers on the last K
 backtrack tokens), at each chunk size. Tokens/s of each, and the speed-up of mask and compact over off.
 Compact at 16k is the figure the targets name (>= 1.6x on the H200 at 40 layers); the bench model has
 4 decoder layers of 8, so its ratio is a lower bound of the 40-layer one only where the decoder share is
-equal (20 of 40 in V4.1: the same half)."""
+equal (20 of 40 in V4.1: the same half). With `wider` (the 12-layer bench model: 2 more Reuse layers on
+each side of the boundary) off and compact are timed on it too, and `extrapolated_40_layers` prices the
+32 further layers of the released model at the measured cost of one added layer (tools/bench/extrapolate.py's
+method; labelled extrapolated)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry
 from dsgraph.runtime.prefill_truncation import min_keep_tokens, truncated_inputs
+from dsgraph.tools.bench.extrapolate import ADDED_LAYERS, WIDER_EXTRA
 from dsgraph.tools.bench.model_bench import session_for, synthetic_token_map
 from dsgraph.tools.bench.steps import prefill_step
 
@@ -89,6 +93,7 @@ def truncation_prefill_cases(
     platform: str = "cuda",
     deadline: float = float("inf"),
     timer: Timer | None = None,
+    wider: tuple[ModelConfig, Mapping[str, Tensor]] | None = None,
 ) -> dict[str, Any]:
     """For each chunk: off, mask and compact timed back to back; mask and compact logits compared.
     `timer` (None: CUDA events on cuda, wall clock on cpu) times one call of a step."""
@@ -97,19 +102,54 @@ def truncation_prefill_cases(
     for chunk in chunks:
         row: dict[str, Any] = {"chunk": chunk, "keep": keep}
         for mode in ("off", "mask", "compact"):
-            if time.monotonic() > deadline:
-                row[mode] = {"skipped": "over the bench's time budget"}
-                continue
-            try:
-                row[mode] = _mode_case(cfg, weights, chunk, mode, keep, platform, timer)
-            except Exception as exc:  # one case failing (out of memory, say) must not end the part
-                row[mode] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            row[mode] = _guarded(cfg, weights, chunk, mode, keep, platform, timer, deadline)
+        if wider is not None:
+            for mode in ("off", "compact"):
+                row[f"wider_{mode}"] = _guarded(*wider, chunk, mode, keep, platform, timer, deadline)
+                row[f"wider_{mode}"].pop("_logits", None)
         _ratios(row)
         rows.append(row)
     return {"doc": __doc__, "keep": keep, "cases": rows}
+
+
+def _guarded(
+    cfg: ModelConfig,
+    weights: Mapping[str, Tensor],
+    chunk: int,
+    mode: str,
+    keep: int,
+    platform: str,
+    timer: Timer | None,
+    deadline: float,
+) -> dict[str, Any]:
+    if time.monotonic() > deadline:
+        return {"skipped": "over the bench's time budget"}
+    try:
+        return _mode_case(cfg, weights, chunk, mode, keep, platform, timer)
+    except Exception as exc:  # one case failing (out of memory, say) must not end the part
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _extrapolated(row: dict[str, Any]) -> dict[str, Any] | None:
+    """40 layers = the 8 measured + 32 at the cost of one added layer, (T12 - T8) / 4, per mode."""
+    ms = {k: row[k].get("ms") for k in ("off", "compact", "wider_off", "wider_compact") if k in row}
+    if not all(ms.get(k) for k in ("off", "compact", "wider_off", "wider_compact")):
+        return None
+    est = {
+        m: ms[m] + ADDED_LAYERS * max((ms[f"wider_{m}"] - ms[m]) / WIDER_EXTRA, 0.0)
+        for m in ("off", "compact")
+    }
+    return {
+        "label": "extrapolated from 8 and 12 measured layers",
+        "ms_off": est["off"],
+        "ms_compact": est["compact"],
+        "tokens_per_s_compact": row["chunk"] / (est["compact"] * 1e-3),
+        "speedup_compact": est["off"] / est["compact"],
+    }
 
 
 def _ratios(row: dict[str, Any]) -> None:
@@ -123,3 +163,6 @@ def _ratios(row: dict[str, Any]) -> None:
         ms = row[mode].get("ms") if isinstance(row[mode], dict) else None
         if off and ms:
             row[f"speedup_{mode}"] = off / ms
+    extra = _extrapolated(row)
+    if extra is not None:
+        row["extrapolated_40_layers"] = extra

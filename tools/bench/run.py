@@ -107,8 +107,10 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
             _write(out_dir, result)
         if "prefill" in parts:  # truncation off / mask / compact, same run
             deadline = time.monotonic() + plan.budget_s
+            wider_cfg = bench_config(extra_reuse=2)
+            wider = (wider_cfg, alias_layers(weights, layer_map(cfg, wider_cfg)))
             result["prefill_truncation"] = truncation_prefill_cases(
-                cfg, weights, plan.prefill_chunks, deadline=deadline
+                cfg, weights, plan.prefill_chunks, deadline=deadline, wider=wider
             )
             print(json.dumps(result["prefill_truncation"]["cases"]), flush=True)
             _write(out_dir, result)
