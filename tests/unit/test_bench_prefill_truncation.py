@@ -12,7 +12,6 @@ from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench.model_bench import synthetic_token_map
 from dsgraph.tools.bench.prefill_truncation import truncation_prefill_cases, wall_ms
 
-
 WIDER = {
     "num_hidden_layers": 8,
     "compress_ratios": [0, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0],
