@@ -66,6 +66,12 @@ def test_prompt_logprob_and_teacher_forced_requests_run_untruncated(llms) -> Non
     assert _tokens_and_logprobs(a) == _tokens_and_logprobs(b)
     golden = SamplingParams(temperature=0, max_tokens=3, golden_token_ids=(5, 9, 11), ignore_eos=True)
     assert _tokens_and_logprobs(_run(off, golden)) == _tokens_and_logprobs(_run(compact, golden))
+    # in the same steps as a truncated request: still exact
+    mixed = [scored, golden, GREEDY]  # the 37-, 9- and 52-token prompts
+    a, b = _run(off, mixed), _run(compact, mixed)
+    assert a[0].prompt_logprobs == b[0].prompt_logprobs
+    assert _tokens_and_logprobs(a)[:2] == _tokens_and_logprobs(b)[:2]
+    assert a[2].outputs[0].logprobs[0] != b[2].outputs[0].logprobs[0]  # the 52-token prompt is truncated
 
 
 def test_keep_below_window_plus_backtrack_refuses_to_start(model_dir) -> None:  # type: ignore[no-untyped-def]
