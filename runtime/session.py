@@ -160,8 +160,9 @@ class Session:
     def _sizes(self, step: Mapping[str, Array]) -> dict[str, int]:
         sizes = dict(self.cache_sizes.sizes())
         for name, value in step.items():
-            if self.step_dims[name] in STEP_DIMS:
-                sizes[self.step_dims[name]] = int(value.shape[0])
+            dim = self.step_dims.get(name)
+            if dim in STEP_DIMS:
+                sizes[dim] = int(value.shape[0])
         return sizes
 
     def _graph(self, truncated: bool) -> Graph:
