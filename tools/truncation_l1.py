@@ -14,9 +14,10 @@ contracts (not from their rules), what every layer group reads and writes:
 
 A simulated ring (which request's position each entry holds) checks that every key a row reads from the
 ring was written by a decoder row of that request at that position. The checks: the encoder's metadata
-and the KV source's writes are those of off in every mode; a kept row's decoder metadata is the same in
-mask and compact and is the rectangle `max(p - window + 1, keep_start)..p`; a truncated row of mask sees
-no key; after the prompt every decode row's reads are equal in the three modes.
+(every row; the boundary's compressed-KV writes use it in every mode) is that of off; a kept row's
+decoder metadata is the same in mask and compact and is the rectangle
+`max(p - window + 1, window start, keep_start)..p`; a truncated row of mask sees no key; compact runs
+no truncated row; decode rows after the prompt read what they read with truncation off.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class L1Config:
     decode_steps: int = 12
     page_size: int = 16
     max_model_len: int = 512
+    # prefix caching with a replay of `replay` tokens (all prompts share their tokens, so later requests
+    # hit earlier ones: their chunks start at a replay start with seq_window_start > 0); None: caching off
+    replay: int | None = None
 
 
 @dataclass
@@ -52,6 +56,7 @@ class L1Report:
     steps: int = 0
     rows: dict[str, int] = field(default_factory=dict)  # mode -> decoder rows run
     truncated_steps: int = 0
+    replayed_seqs: int = 0  # sequences planned after a prefix hit (seq_window_start > 0)
     mismatches: list[str] = field(default_factory=list)
 
     @property
@@ -60,7 +65,8 @@ class L1Report:
 
     def as_text(self) -> str:
         lines = [
-            f"L1 prefill truncation: {self.steps} steps, {self.truncated_steps} truncated; decoder rows "
+            f"L1 prefill truncation: {self.steps} steps, {self.truncated_steps} truncated, "
+            f"{self.replayed_seqs} sequences after a prefix hit; decoder rows "
             + ", ".join(f"{m} {n}" for m, n in self.rows.items()),
             "OK" if self.ok else f"FAILED: {len(self.mismatches)} mismatches",
         ]
@@ -152,7 +158,8 @@ def _scheduler(cfg: L1Config) -> Scheduler:
             max_model_len=cfg.max_model_len,
             page_size=cfg.page_size,
             num_pages=(pages, pages),
-            enable_prefix_cache=False,
+            enable_prefix_cache=cfg.replay is not None,
+            replay_tokens=cfg.replay or 0,
         )
     )
     for rid, n in enumerate(cfg.prompts):
@@ -185,7 +192,8 @@ def _compare(
             c = compact["dec"][key]
             if [k for k, _ in c["keys"]] != [k for k, _ in m["keys"]] or c["slot"] != m["slot"]:
                 bad.append(f"kept row {key}: mask reads {m['keys']} slot {m['slot']}, compact {c}")
-            want = list(range(max(p - cfg.window + 1, keep_start[rid], 0), p + 1))
+            # the encoder's window (it starts at a prefix hit's replay start) cut to the kept suffix
+            want = list(range(max(off["enc"][key]["lo"], keep_start[rid]), p + 1))
             if [k for k, _ in m["keys"]] != want:
                 bad.append(f"kept row {key}: visible {[k for k, _ in m['keys']]}, the rectangle is {want}")
             if m["ranges"] != off["dec"][key]["ranges"] or c["ranges"] != m["ranges"]:
@@ -216,6 +224,7 @@ def run_l1(cfg: L1Config = L1Config(), policy_keep: int | None = None) -> L1Repo
         slots = {rid: int(base["seq_slot"][s]) for s, rid in enumerate(rids)}
         step = {"off": base, **{m: p.apply(plan, dict(base), lives) for m, p in policies.items()}}
         report.truncated_steps += "seq_decoder_window_start" in step["compact"]
+        report.replayed_seqs += int((base["seq_window_start"] > 0).sum())
         metas = {}
         for mode, inputs in step.items():
             enc = row_metadata(inputs, rids, cfg.window, cfg.ring_len, decoder=False)

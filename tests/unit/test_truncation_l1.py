@@ -32,6 +32,14 @@ def test_l1_v41_geometry() -> None:
     assert report.ok, report.as_text()
 
 
+def test_l1_with_prefix_hits() -> None:
+    """Prompts sharing their tokens hit the prefix cache with a replay of one window: their chunks start
+    at the replay start and attention reads no SWA key below it (seq_window_start > 0)."""
+    report = run_l1(L1Config(replay=8, prompts=(40, 57, 31, 64), exempt=()))
+    assert report.ok, report.as_text()
+    assert report.replayed_seqs > 0
+
+
 def test_l1_fails_when_keep_is_below_the_window() -> None:
     """KEEP 5 < window 8: every prefill check holds, but compact never wrote the decoder ring entries
     that the first decode steps read (mask wrote them from rows it ran with narrowed attention)."""
