@@ -14,6 +14,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry
 from dsgraph.runtime.prefill_truncation import min_keep_tokens, truncated_inputs
 from dsgraph.tools.bench.extrapolate import ADDED_LAYERS, WIDER_EXTRA
-from dsgraph.tools.bench.model_bench import session_for, synthetic_token_map
+from dsgraph.tools.bench.model_bench import _case, session_for, synthetic_token_map
 from dsgraph.tools.bench.steps import prefill_step
 
 __all__ = ["truncation_prefill_cases", "wall_ms"]
@@ -102,36 +103,25 @@ def truncation_prefill_cases(
     for chunk in chunks:
         row: dict[str, Any] = {"chunk": chunk, "keep": keep}
         for mode in ("off", "mask", "compact"):
-            row[mode] = _guarded(cfg, weights, chunk, mode, keep, platform, timer, deadline)
+            case = partial(_mode_case, cfg, weights, chunk, mode, keep, platform, timer)
+            row[mode] = _guarded(case, deadline)
         if wider is not None:
             for mode in ("off", "compact"):
-                row[f"wider_{mode}"] = _guarded(*wider, chunk, mode, keep, platform, timer, deadline)
+                case = partial(_mode_case, *wider, chunk, mode, keep, platform, timer)
+                row[f"wider_{mode}"] = _guarded(case, deadline)
                 row[f"wider_{mode}"].pop("_logits", None)
         _ratios(row)
         rows.append(row)
     return {"doc": __doc__, "keep": keep, "cases": rows}
 
 
-def _guarded(
-    cfg: ModelConfig,
-    weights: Mapping[str, Tensor],
-    chunk: int,
-    mode: str,
-    keep: int,
-    platform: str,
-    timer: Timer | None,
-    deadline: float,
-) -> dict[str, Any]:
-    if time.monotonic() > deadline:
-        return {"skipped": "over the bench's time budget"}
-    try:
-        return _mode_case(cfg, weights, chunk, mode, keep, platform, timer)
-    except Exception as exc:  # one case failing (out of memory, say) must not end the part
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    finally:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+def _guarded(case: Callable[[], dict[str, Any]], deadline: float) -> dict[str, Any]:
+    """The model bench's guard (time budget, a failing case recorded), then the case's memory freed."""
+    out = _case(case, deadline)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
 
 
 def _extrapolated(row: dict[str, Any]) -> dict[str, Any] | None:
