@@ -74,10 +74,13 @@ def test_prompt_logprob_and_teacher_forced_requests_run_untruncated(llms) -> Non
     assert a[2].outputs[0].logprobs[0] != b[2].outputs[0].logprobs[0]  # the 52-token prompt is truncated
 
 
-def test_keep_below_window_plus_backtrack_refuses_to_start(model_dir) -> None:  # type: ignore[no-untyped-def]
+def test_keep_below_window_plus_backtrack_refuses_to_start(model_dir, caplog) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=r"sliding_window \(8\) \+ maximum backtrack \(6\)"):
         LLM(model_dir, prefill_truncation="compact", prefill_keep_tokens=13, **KW)
-    LLM(model_dir, prefill_truncation="mask", prefill_keep_tokens=14, **KW)  # the minimum starts
+    with caplog.at_level("WARNING", logger="dsgraph.engine"):
+        LLM(model_dir, prefill_truncation="mask", prefill_keep_tokens=14, **KW)  # the minimum starts
+    # the engine says at start that this is an approximation, with its stated bound
+    assert any("approximation" in r.message and "0.20 nats" in r.message for r in caplog.records)
 
 
 def test_truncation_with_prefix_hits_overlap_and_drafting(model_dir) -> None:  # type: ignore[no-untyped-def]
