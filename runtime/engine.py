@@ -28,6 +28,7 @@ from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
+from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
@@ -112,7 +113,11 @@ class Engine:
         drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
         spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
-        self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
+        self.truncation = PrefillTruncation.for_engine(
+            cfg.text, config.prefill_truncation, config.prefill_keep_tokens, spec.nextn or None
+        )
+        truncation = config.prefill_truncation
+        self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled, truncation=truncation)
         if rank is not None:
             self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()
@@ -269,18 +274,22 @@ class Engine:
         rows, meta = self._prompt_rows(plan)
         masked = self._min_tokens_rows(plan)
         if not rows:
-            return mask_rows(self.session.run(inputs, fix), masked)
+            return mask_rows(self.session.run(self._truncate(plan, inputs), fix), masked)
         n = len(plan.sample_rows)
         inputs = {
             **inputs,
             "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
         }
-        logits = self.session.run(inputs, fix)
+        logits = self.session.run(self._truncate(plan, inputs), fix)
         tokens = [self.live[rid].prompt[pos] for rid, pos in meta]
         ks = [self.live[rid].params.prompt_logprobs or 0 for rid, _ in meta]
         for (rid, pos), entry in zip(meta, prompt_entries(logits[n:], tokens, ks), strict=True):
             self.live[rid].prompt_logprobs[pos] = entry
         return mask_rows(logits[:n], masked)
+
+    def _truncate(self, plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+        """The step's inputs with prefill truncation applied (unchanged with it off or nothing to cut)."""
+        return inputs if self.truncation is None else self.truncation.apply(plan, inputs, self.live)
 
     def _min_tokens_rows(self, plan) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
         """(sample row, token id) to mask for `min_tokens` (empty in the common case: no Python work)."""

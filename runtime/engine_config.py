@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsgraph.runtime.prefill_truncation import check_truncation_fields
 from dsgraph.runtime.spec_setup import check_spec_config
 
 
@@ -63,9 +64,19 @@ class EngineConfig:
     # "prompt" prefills, hands the caches off and stops at the first token; "completion" admits handed-off
     # requests and decodes. Overlap and DSpark drafting run on normal engines only.
     engine_type: str = "normal"
+    # Prefill truncation (decoder-side SWA bounded replay; runtime/prefill_truncation.py): "off" (default,
+    # exact), or "mask" / "compact", an explicit approximation: the decoder layers run only on each
+    # prompt's last prefill_keep_tokens tokens (None: the minimum, sliding_window + maximum backtrack =
+    # 134 for V4.1), so their window state only approximates a full prefill; global caches stay exact.
+    # compact gathers the kept rows (the speed-up), mask narrows attention (same values, a reference).
+    # Requests with prompt logprobs or golden_token_ids run untruncated. Off by default, like the
+    # reference numerics and DeepInfer's own setting; vLLM turns its replay on by default (README).
+    prefill_truncation: str = "off"
+    prefill_keep_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_spec_config(self)
+        check_truncation_fields(self.prefill_truncation, self.prefill_keep_tokens)
         if self.engine_type not in ("normal", "prompt", "completion"):
             raise ValueError(
                 f"engine_type: {self.engine_type!r}, expected 'normal', 'prompt' or 'completion'"

@@ -12,6 +12,10 @@ CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.p
 activations' memory for the session's life (46 GB at a 64k chunk of the full-width bench model), and at
 that size the per-kernel launch cost is a vanishing part of the step.
 
+A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill_truncation.py) runs the
+model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
+compact its `kept` dim (the decoder's rows) is one more bucketed dim.
+
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
 the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
 the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.
@@ -91,6 +95,13 @@ class DeviceStep(NamedTuple):
     outs: int  # the real number of sampled rows
 
 
+# Symbolic step dims, each bucketed on cuda: rows, sequences, sampled rows, and the decoder rows of a
+# compact truncated prefill (models/deepseek_v41/truncation.py).
+STEP_DIMS = ("tokens", "seqs", "outs", "kept")
+# A step carrying this input is a truncated prefill: it runs the model's truncated graph variant, whose
+# programs and captures are keyed apart (TRUNCATED_KEY) from the plain graph's.
+TRUNCATED_INPUT = "seq_decoder_window_start"
+TRUNCATED_KEY = "~truncated"
 CAPTURE_MAX_TOKENS = 16384  # the largest bucket (query tokens) that is captured; beyond it steps run eagerly
 
 
@@ -125,7 +136,10 @@ class Session:
         # On a CUDA device Engram tables of >= host_min_bytes stay in pinned host memory (read over PCIe)
         placed = place_weights(target, self.device, host_min_bytes)
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
-        self.graph: Graph = trace_step(model, weight_types(target, backbone_only=False), debug=debug)
+        self._weight_types = weight_types(target, backbone_only=False)
+        self._debug = debug
+        self.graph: Graph = trace_step(model, self._weight_types, debug=debug)
+        self.graphs: dict[bool, Graph] = {False: self.graph}  # truncated prefill -> its graph variant
         self.cache_sizes = caches
         self.caches = {
             name: torch.zeros(
@@ -135,7 +149,8 @@ class Session:
         }
         self.programs: dict[tuple[tuple[str, int], ...], Program] = {}
         self.programs_built = 0
-        self.step_dims = {name: str(t.shape[0]) for name, t in model.step_types().items()}
+        all_inputs = model.step_types(truncated=model.truncation != "off")
+        self.step_dims = {name: str(t.shape[0]) for name, t in all_inputs.items()}
         self.device_programs: dict[tuple[tuple[str, int], ...], Any] = {}
         self.captured: dict[tuple[tuple[str, int], ...], Any] = {}
         self.captures = 0
@@ -144,14 +159,26 @@ class Session:
 
     def _sizes(self, step: Mapping[str, Array]) -> dict[str, int]:
         sizes = dict(self.cache_sizes.sizes())
-        sizes.update(tokens=int(step["token_ids"].shape[0]), seqs=int(step["seq_slot"].shape[0]))
-        sizes["outs"] = int(step["sample_rows"].shape[0])
+        for name, value in step.items():
+            dim = self.step_dims.get(name)
+            if dim in STEP_DIMS:
+                sizes[dim] = int(value.shape[0])
         return sizes
 
-    def _program(self, sizes: dict[str, int]) -> Program:
-        key = tuple(sorted(sizes.items()))
+    def _graph(self, truncated: bool) -> Graph:
+        if truncated not in self.graphs:
+            self.graphs[truncated] = trace_step(
+                self.model, self._weight_types, debug=self._debug, truncated=True
+            )
+        return self.graphs[truncated]
+
+    def _key(self, sizes: Mapping[str, int], truncated: bool) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted(sizes.items())) + (((TRUNCATED_KEY, 1),) if truncated else ())
+
+    def _program(self, sizes: dict[str, int], truncated: bool = False) -> Program:
+        key = self._key(sizes, truncated)
         if key not in self.programs:
-            self.programs[key] = lower(specialize(self.graph, sizes), self.platform)
+            self.programs[key] = lower(specialize(self._graph(truncated), sizes), self.platform)
             self.programs_built += 1
         return self.programs[key]
 
@@ -168,7 +195,7 @@ class Session:
             fix_inputs(tensors, fix.sources, fix.prev_tokens)
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
-        out = run_program(self._program(self._sizes(tensors)), args)
+        out = run_program(self._program(self._sizes(tensors), TRUNCATED_INPUT in step), args)
         for name in self.caches:
             self.caches[name] = out[f"caches.{name}"]
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
@@ -184,11 +211,12 @@ class Session:
 
         sizes = self._sizes(step)
         outs = sizes["outs"]
-        sizes.update({d: bucket_size(sizes[d]) for d in ("tokens", "seqs", "outs")})
+        sizes.update({d: bucket_size(sizes[d]) for d in STEP_DIMS if d in sizes})
         padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
-        key = tuple(sorted(sizes.items()))
+        truncated = TRUNCATED_INPUT in step
+        key = self._key(sizes, truncated)
         if key not in self.device_programs:
-            self.device_programs[key] = DeviceProgram(self._program(sizes), self.device)
+            self.device_programs[key] = DeviceProgram(self._program(sizes, truncated), self.device)
         return DeviceStep(key, self.device_programs[key], padded, outs)
 
     def eager_args(self, padded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:

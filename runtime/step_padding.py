@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-PAD_VALUES: dict[str, int] = {"seq_ids": -1, "lookback": -1}
+PAD_VALUES: dict[str, int] = {"seq_ids": -1, "kept_seq_ids": -1, "lookback": -1}
 PAD_PREFIXES: dict[str, int] = {"block_table_r": -1}
 
 

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-PARTS = ("kernels", "model", "spec")
+PARTS = ("kernels", "model", "spec", "prefill")
 
 
 def _plans(quick: bool, budget_s: float):  # type: ignore[no-untyped-def]

@@ -34,6 +34,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
     )
     p.add_argument(
+        "--prefill-truncation",
+        choices=["off", "mask", "compact"],
+        default="off",
+        help="decoder layers run on each prompt's last tokens only: an approximation (see README)",
+    )
+    p.add_argument(
+        "--prefill-keep-tokens",
+        type=int,
+        default=None,
+        help="prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
+    )
+    p.add_argument(
         "--speculative",
         choices=["auto", "dspark", "off"],
         default="auto",
@@ -63,6 +75,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "load_format": args.load_format,
         "enable_prefix_cache": args.enable_prefix_caching,
         "prefix_replay": args.prefix_replay,
+        "prefill_truncation": args.prefill_truncation,
+        "prefill_keep_tokens": args.prefill_keep_tokens,
         "speculative": args.speculative,
         "verify_schedule": args.verify_schedule,
         "draft_len": args.draft_len,

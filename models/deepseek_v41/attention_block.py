@@ -82,7 +82,7 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     p, t = f"layers.{plan.index}.attn.indexer.", f.text
     positions, seq_ids = f.step["positions"], f.step["seq_ids"]
     # serving: indexer wq_b output and its RoPE output in BF16 before MXFP4 (1b, 2b; fused RoPE reads BF16)
-    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=("tokens", t.index_n_heads, t.index_head_dim))
+    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=(c.shape[0], t.index_n_heads, t.index_head_dim))
     q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
     f.record(f"iq_pre.{plan.index}", q)
     q = op.act_qdq(q, fmt="mxfp4_g32")
@@ -111,7 +111,7 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -
     p, t = prefix or f"layers.{plan.index}.attn.", f.text
     o = f.rope(o, f.step["positions"], plan.rope_theta, plan.use_yarn, inverse=True)
     per_group = t.num_attention_heads * t.head_dim // t.o_groups
-    grouped = op.reshape(o, shape=("tokens", t.o_groups, per_group))
+    grouped = op.reshape(o, shape=(o.shape[0], t.o_groups, per_group))
     name = p + "wo_a.weight"
     scale = f.weights.get(p + "wo_a.scale")
     # serving: the wo_a einsum writes wo_b's FP8 input from its f32 accumulator, no BF16 first (2d)
@@ -128,7 +128,7 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -
             act_quant=f.num.act_quant,
             out_dtype=out_dtype,
         )
-    z = op.reshape(z, shape=("tokens", t.o_groups * t.o_lora_rank))
+    z = op.reshape(z, shape=(z.shape[0], t.o_groups * t.o_lora_rank))
     if fp8_out:
         z = op.act_qdq(z, fmt=f.num.act_quant)
     return f.linear(z, p + "wo_b.weight", quantized_input=not fp8_out)
@@ -139,11 +139,11 @@ def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:
     p, t = f"layers.{plan.index}.attn.", f.text
     positions, seq_ids, seq_slot, seq_start = _step_args(f)
     c = f.norm(f.linear(u, p + "wq_a.weight"), p + "q_norm.weight")
-    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=("tokens", t.num_attention_heads, t.head_dim))
+    q = op.reshape(f.linear(c, p + "wq_b.weight"), shape=(c.shape[0], t.num_attention_heads, t.head_dim))
     q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
     ring = f.caches[f"swa.{plan.index}"]  # the ring before this step's write
     kv = _swa_kv(f, plan, u)
-    if plan.mode is LayerMode.FULL:
+    if plan.mode is LayerMode.FULL and plan.index not in f.compressed:
         _compress(f, plan, u)
     if plan.mode in (LayerMode.FULL, LayerMode.REINDEX):
         _select(f, plan, u, c)

@@ -14,6 +14,7 @@ from dsgraph.models.deepseek_v41.dspark_context import stream_mean, write_contex
 from dsgraph.models.deepseek_v41.engram_hash import EngramLayerHash
 from dsgraph.models.deepseek_v41.ffn_block import engram, moe
 from dsgraph.models.deepseek_v41.layers_plan import LayerPlan
+from dsgraph.models.deepseek_v41.truncation import decoder_start, enter_decoder
 from dsgraph.ops import op
 
 
@@ -32,7 +33,7 @@ def _hc(f: Forward, x: Tracer, p: str) -> tuple[Tracer, Tracer, Tracer]:
 
 def _collapse(f: Forward, x: Tracer, a: Tracer | None) -> Tracer:
     if a is None:  # the one-hot start: stream 0
-        return op.reshape(op.slice(x, axis=1, start=0, stop=1), shape=("tokens", f.text.hidden_size))
+        return op.reshape(op.slice(x, axis=1, start=0, stop=1), shape=(x.shape[0], f.text.hidden_size))
     return op.hc_collapse(x, a, out_dtype=f.num.act_dtype)
 
 
@@ -71,10 +72,15 @@ def forward(
     plans: tuple[LayerPlan, ...],
     tables: dict[int, EngramLayerHash],
     dspark_layers: tuple[int, ...] = (),
+    truncation: str = "off",
 ) -> dict[str, Tracer]:
+    """`truncation` "mask" / "compact": a truncated prefill step (models/deepseek_v41/truncation.py)."""
     x, a = embed(f), None
     features: list[Tracer] = []
+    boundary = decoder_start(f.text) if truncation != "off" else -1
     for plan in plans:
+        if plan.index == boundary:
+            x, a = enter_decoder(f, truncation, plan, x, a)
         table = tables.get(plan.index)
         if plan.index in dspark_layers:  # the residual entering the layer: after its Engram (spec 7.1)
             if table is not None:

@@ -27,6 +27,9 @@ class Forward:
     new_caches: dict[str, Tracer] = field(default_factory=dict)
     topk: dict[int, Tracer] = field(default_factory=dict)  # index layer -> its selection [T, k]
     candidates: Tracer | None = None  # candidate-source mask [T, E] of the ratio-1 source
+    # KV sources whose compressed entries this step already wrote (a compact truncated step writes the
+    # boundary's from every row before its block runs on the kept rows; models/deepseek_v41/truncation.py)
+    compressed: set[int] = field(default_factory=set)
     debug: dict[str, Tracer] | None = None  # extra outputs for tests and dumps (`trace_step(debug=True)`)
     expert_parallel: bool = False  # the MoEs exchange rows over an EP group (ffn_block.moe)
 

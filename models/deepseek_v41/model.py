@@ -15,6 +15,7 @@ from dsgraph.models.deepseek_v41.engram_hash import EngramLayerHash, EngramSpec,
 from dsgraph.models.deepseek_v41.layers_plan import LayerPlan, layer_plans
 from dsgraph.models.deepseek_v41.numerics import Numerics
 from dsgraph.models.deepseek_v41.step_io import CacheGeometry, cache_types, step_types
+from dsgraph.models.deepseek_v41.truncation import check_truncatable, truncation_types
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,22 @@ class V41Model:
     dspark: bool = False
     # The MoEs' experts run on an expert-parallel group (runtime/distributed): dispatch/combine exchange rows.
     expert_parallel: bool = False
+    # Prefill truncation ("off", "mask", "compact"; models/deepseek_v41/truncation.py): the variant of
+    # the truncated step graph. Steps that truncate no row run the plain graph whatever the mode.
+    truncation: str = "off"
 
-    def step_types(self) -> dict[str, TensorType]:
-        return step_types(self.cfg.text, self.plans, self.geo)
+    def __post_init__(self) -> None:
+        if self.truncation != "off":
+            targets = self.cfg.text.dspark_target_layer_ids if self.dspark else ()
+            truncation_types(self.truncation)  # names a bad mode
+            check_truncatable(self.cfg.text, tuple(targets))
+
+    def step_types(self, truncated: bool = False) -> dict[str, TensorType]:
+        """`truncated`: the inputs of a truncated prefill step (the model's `truncation` variant)."""
+        types = step_types(self.cfg.text, self.plans, self.geo)
+        if truncated:
+            types.update(truncation_types(self.truncation))
+        return types
 
     def cache_types(self) -> dict[str, TensorType]:
         types = cache_types(self.cfg.text, self.plans, self.geo)
@@ -41,9 +55,16 @@ class V41Model:
 
 
 def build_model(
-    cfg: ModelConfig, token_map: list[int], num: Numerics, geo: CacheGeometry, *, dspark: bool = False
+    cfg: ModelConfig,
+    token_map: list[int],
+    num: Numerics,
+    geo: CacheGeometry,
+    *,
+    dspark: bool = False,
+    truncation: str = "off",
 ) -> V41Model:
-    """`dspark`: the step graph also writes the DSpark context (needs the config's draft stages)."""
+    """`dspark`: the step graph also writes the DSpark context (needs the config's draft stages).
+    `truncation`: the variant of the truncated prefill step ("off", "mask", "compact")."""
     if dspark and cfg.text.num_nextn_predict_layers == 0:
         raise ValueError("build_model: dspark=True needs num_nextn_predict_layers > 0, the config has 0")
     tables = (
@@ -52,18 +73,29 @@ def build_model(
         else {}
     )
     pad = token_map[cfg.text.engram_pad_token_id]
-    return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, pad, dspark)
+    return V41Model(cfg, layer_plans(cfg.text), tables, num, geo, pad, dspark, truncation=truncation)
 
 
 def trace_step(
-    model: V41Model, weights: Mapping[str, TensorType], *, name: str = "v41_step", debug: bool = False
+    model: V41Model,
+    weights: Mapping[str, TensorType],
+    *,
+    name: str = "v41_step",
+    debug: bool = False,
+    truncated: bool = False,
 ) -> Graph:
     """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`
     (with `debug`, also `debug.index_scores.{layer}` [T, E] and `debug.topk.{layer}` [T, k]).
 
     With `model.dspark` the caches include `dspark.ring{s}` and `weights` must hold the context weights
     (`dspark_context.is_context_weight`); debug adds `debug.dspark.features` [T, 3H] and
-    `debug.dspark.kv{s}` [T, hd] (context keys before their FP8 rounding)."""
+    `debug.dspark.kv{s}` [T, hd] (context keys before their FP8 rounding).
+
+    `truncated`: the truncated prefill step of `model.truncation` (its extra step inputs and, in compact,
+    logits of `sample_rows` counted in the kept rows)."""
+    mode = model.truncation if truncated else "off"
+    if truncated and mode == "off":
+        raise ValueError("trace_step: truncated=True needs a model built with truncation 'mask' or 'compact'")
 
     def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(
@@ -77,6 +109,6 @@ def trace_step(
             expert_parallel=model.expert_parallel,
         )
         targets = model.cfg.text.dspark_target_layer_ids if model.dspark else ()
-        return forward(f, model.plans, model.tables, tuple(targets))
+        return forward(f, model.plans, model.tables, tuple(targets), mode)
 
-    return make_graph(step, dict(weights), model.cache_types(), model.step_types(), name=name)
+    return make_graph(step, dict(weights), model.cache_types(), model.step_types(truncated), name=name)

@@ -31,6 +31,7 @@ from dsgraph.tools.bench.model_bench import (
     synthetic_token_map,
 )
 from dsgraph.tools.bench.model_config import bench_config
+from dsgraph.tools.bench.prefill_truncation import truncation_prefill_cases
 
 
 def commit() -> str:
@@ -93,7 +94,7 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
         result["kernels"] = kernel_cases(cal)
         print(json.dumps(result["kernels"]), flush=True)
         _write(out_dir, result)
-    if "model" in parts or "spec" in parts:
+    if "model" in parts or "spec" in parts or "prefill" in parts:
         cfg = bench_config()
         weights = random_serving_weights(cfg, synthetic_token_map(cfg), dspark="spec" in parts)
         # the model part first: it alone is held to the time budget, which the spec part would spend
@@ -103,6 +104,15 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
                 _write(out_dir, {**result, "model": part})
 
             result["model"] = model_part(plan, cal, weights, start + plan.budget_s, save)
+            _write(out_dir, result)
+        if "prefill" in parts:  # truncation off / mask / compact, same run
+            deadline = time.monotonic() + plan.budget_s
+            wider_cfg = bench_config(extra_reuse=2)
+            wider = (wider_cfg, alias_layers(weights, layer_map(cfg, wider_cfg)))
+            result["prefill_truncation"] = truncation_prefill_cases(
+                cfg, weights, plan.prefill_chunks, deadline=deadline, wider=wider
+            )
+            print(json.dumps(result["prefill_truncation"]["cases"]), flush=True)
             _write(out_dir, result)
         if "spec" in parts:
             result["spec"] = {
