@@ -161,7 +161,11 @@ class PromptLoop(EngineLoop):
         super().__init__(engine)
         self.peer, self.transport, self.timeout_s = peer.rstrip("/"), transport, timeout_s
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s))
+        # no read deadline on the token stream: a busy completion engine is slow, not failed (its
+        # admission has its own deadline, and a dead server closes the connection)
+        timeout = httpx.Timeout(timeout_s, read=None, pool=None)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
         self._relays: dict[int, asyncio.Task[None]] = {}
         self._tag = f"{os.getpid()}-{time.time_ns()}"
         self._handoffs = itertools.count()
@@ -224,7 +228,8 @@ class PromptLoop(EngineLoop):
                 async for line in lines:
                     if not line:
                         continue
-                    e = event_from_json(line)
+                    # the prompt-cache hit is the prompt engine's (the completion engine prefilled nothing)
+                    e = replace(event_from_json(line), num_cached_tokens=first.num_cached_tokens)
                     out.put_nowait(e)
                     if e.finished:
                         return

@@ -12,8 +12,8 @@ from dsgraph.tools.generate_cmd import default_model_dir
 MAX_LEN = 128
 
 
-def engine(engine_type: str = "normal", store: Any = None, **kw: Any) -> Engine:
-    config = EngineConfig(max_model_len=MAX_LEN, max_num_seqs=4, engine_type=engine_type, **kw)
+def engine(engine_type: str = "normal", store: Any = None, max_num_seqs: int = 4, **kw: Any) -> Engine:
+    config = EngineConfig(max_model_len=MAX_LEN, max_num_seqs=max_num_seqs, engine_type=engine_type, **kw)
     return Engine(default_model_dir(), config, store=store)
 
 
@@ -79,7 +79,8 @@ class FaultyTransport:
             return t._bounded("injected hang", 0.3, lambda: time.sleep(2) or b"")
         payload = self.inner.fetch(locator, timeout_s)
         if self.fault == "corrupt":
-            return payload[:-10] + bytes(10)
+            mid = len(payload) // 2
+            return payload[:mid] + bytes([payload[mid] ^ 0xFF]) + payload[mid + 1 :]
         if self.fault == "admit":
             h = Handoff.unpack(t.unpack_payload(payload, "test"))
             short = {r: pages[:-1] for r, pages in h.tails.items()}
@@ -108,12 +109,12 @@ def pd_apps(backend: str, store: Any = None, **kw: Any) -> tuple[Any, Any, Fault
     tok = recipe_tokenizer(default_model_dir())
     ce = engine("completion", store=store, **kw)
     ct = FaultyTransport(make_transport(backend))
-    c_app = create_app(ce, MODEL, tok, loop=CompletionLoop(ce, admit_timeout_s=5))
+    c_app = create_app(ce, MODEL, tok, loop=CompletionLoop(ce, admit_timeout_s=30))
     add_pd_decode(c_app, ct, 5.0)
     pe = engine("prompt", store=store, **kw)
     pt = FaultyTransport(make_transport(backend))
 
     def prompt_app(url: str) -> Any:
-        return create_app(pe, MODEL, tok, loop=PromptLoop(pe, url, pt, timeout_s=5))
+        return create_app(pe, MODEL, tok, loop=PromptLoop(pe, url, pt, timeout_s=10))
 
     return prompt_app, c_app, pt, ct, ce
