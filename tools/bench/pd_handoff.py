@@ -104,6 +104,8 @@ def _one_length(p: Any, c: Any, transports: tuple[Any, Any], n: int, args: argpa
     t6 = time.perf_counter()
     c.release(n)
     global_bytes = sum(len(b) for r in pages for b in pages[r])
+    page_size = p.model.geo.page_size
+    per_token = sum(len(pages[r][0]) / (page_size * r) for r in pages if pages[r])  # one page's bytes / its tokens
     return {
         "prompt_tokens": n,
         "prefill_to_first_token_s": t1 - t0,
@@ -116,7 +118,8 @@ def _one_length(p: Any, c: Any, transports: tuple[Any, Any], n: int, args: argpa
         "decode_tokens": decoded,
         "decode_s": t6 - t5,
         "global_bytes": global_bytes,
-        "global_bytes_per_token": global_bytes / n,
+        "global_bytes_per_token": per_token,  # compare with expected_global_bytes_per_token
+        "global_bytes_per_prompt_token": global_bytes / n,  # with the last pages' rounding up
         "slot_bytes": len(h.slot),
         "store_keys": sum(len(k) for k in h.keys.values()),
     }
