@@ -118,10 +118,10 @@ def main(args: argparse.Namespace) -> int:
         enable_openapi=args.enable_openapi,
         loop=loop,
     )
-    if args.engine_type == "completion":
-        from dsgraph.runtime.server.pd_app import add_pd_decode
+    if args.engine_type != "normal":
+        from dsgraph.runtime.server.pd_app import install_pd
 
-        add_pd_decode(app, transport, args.pd_timeout)
+        install_pd(app, args.engine_type, transport, store, args.pd_timeout)
     _logging()
     uv_config = uvicorn.Config(
         app,

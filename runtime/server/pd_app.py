@@ -22,7 +22,8 @@ from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.server.engine_loop import EngineDead
 from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.server.limits import parse_json, read_body
-from dsgraph.runtime.server.pd_loop import DECODE_PATH, CompletionLoop, event_json
+from dsgraph.runtime.server.pd_loop import DECODE_PATH, CompletionLoop, PromptLoop, event_json
+from dsgraph.runtime.server.pd_metrics import register_pd_metrics
 
 
 @dataclass
@@ -83,6 +84,23 @@ def add_pd_decode(app: FastAPI, transport: Transport, default_timeout_s: float =
         return StreamingResponse(_lines(loop, rid, events), media_type="application/x-ndjson")
 
     return counts
+
+
+def install_pd(app: FastAPI, engine_type: str, transport: Transport, store: Any, timeout_s: float) -> None:
+    """The PD side of a prompt or completion server: the decode endpoint (completion) and the store and
+    handoff series of /metrics."""
+    state = app.state.server
+    if engine_type == "completion":
+        counts = add_pd_decode(app, transport, timeout_s)
+        read = lambda: {  # noqa: E731
+            "admitted": counts.admitted,
+            "transfer_failed": counts.transfer_failures,
+            "refused": counts.refused,
+        }
+    else:
+        loop: PromptLoop = state.loop
+        read = lambda: {"exported": loop.engine.pd.exported, "failed": loop.failures}  # noqa: E731
+    register_pd_metrics(state.metrics.registry, store, read)
 
 
 async def _lines(loop: CompletionLoop, rid: int, events: asyncio.Queue[Any]) -> AsyncIterator[str]:

@@ -22,7 +22,7 @@ import pytest
 from dsgraph.runtime.server.app import create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
 from dsgraph.tools.generate_cmd import default_model_dir
-from tests.e2e.serve_util import serving
+from tests.e2e.serve_util import scrape, serving
 from tests.kvstore.pd_util import MODEL, engine
 
 PROMPT = [(3 * i + 1) % 120 + 5 for i in range(40)]
@@ -78,6 +78,12 @@ def test_process_pair_serves_and_survives_a_completion_restart(normal_text: str,
             r = _complete(url)
             assert r.status_code == 200, r.text
             assert r.json()["choices"][0]["text"] == normal_text
+            # the prompt process wrote the full prompt pages; the completion process read them from disk
+            c_metrics, p_metrics = scrape(peer), scrape(url)
+            assert c_metrics['dsgraph_kvstore_hits_total{tier="disk"}'] == 3
+            assert c_metrics['dsgraph_pd_handoffs_total{result="admitted"}'] == 1
+            assert p_metrics['dsgraph_kvstore_bytes_written_total{tier="disk"}'] > 0
+            assert p_metrics['dsgraph_pd_handoffs_total{result="exported"}'] == 1
             # a long request: the completion server dies after its first tokens
             body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
             with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as s:
