@@ -216,7 +216,9 @@ class Engine:
         self.live[rid] = live
         self._prefilling.add(rid)
 
-    def add_prefilled(self, rid: int, handoff: Any, pages: dict[int, list[bytes]], params: SamplingParams) -> None:
+    def add_prefilled(
+        self, rid: int, handoff: Any, pages: dict[int, list[bytes]], params: SamplingParams
+    ) -> None:
         """COMPLETION engine: admit a PROMPT engine's prefilled request (a kvstore Handoff and its pages,
         `pd_engines.fetch_pages`); it decodes from the next step. Raises and holds nothing on failure."""
         admit_handoff(self, rid, handoff, pages, params)

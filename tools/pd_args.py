@@ -20,9 +20,11 @@ def add_pd_arguments(p: argparse.ArgumentParser) -> None:
         "--pd-transport",
         choices=["auto", "mooncake", "torch"],
         default="auto",
-        help="how handoffs travel: Mooncake's transfer engine, or torch's TCPStore (auto: Mooncake if it loads)",
+        help="handoff transport: Mooncake's transfer engine or torch's TCPStore (auto: Mooncake if it loads)",
     )
-    g.add_argument("--pd-timeout", type=float, default=60.0, help="seconds a handoff may take before it fails")
+    g.add_argument(
+        "--pd-timeout", type=float, default=60.0, help="seconds a handoff may take before it fails"
+    )
     g.add_argument(
         "--kv-store-path",
         default=None,

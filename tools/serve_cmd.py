@@ -10,8 +10,8 @@ from pathlib import Path
 
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
 from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
-from dsgraph.tools.pd_args import add_pd_arguments, check_pd_args, pd_loop, store_from_args
 from dsgraph.tools.generate_cmd import default_model_dir
+from dsgraph.tools.pd_args import add_pd_arguments, check_pd_args, pd_loop, store_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

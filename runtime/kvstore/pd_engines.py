@@ -102,7 +102,9 @@ def check_admissible(engine: Engine, handoff: Handoff, params: SamplingParams) -
         raise HandoffError("the handoff carries no sampled token")
     total = len(handoff.prompt) + len(handoff.output)
     if total >= engine.model.geo.max_model_len:
-        raise RequestError("prompt", f"{total} tokens", f"shorter than max_model_len {engine.model.geo.max_model_len}")
+        raise RequestError(
+            "prompt", f"{total} tokens", f"shorter than max_model_len {engine.model.geo.max_model_len}"
+        )
 
 
 def admit_handoff(
@@ -111,8 +113,8 @@ def admit_handoff(
     """Admit the handed-off request as `rid`: reserve its slot and pages, write the caches, replay the
     sampled token(s). Raises (and holds nothing) when there is no room (RuntimeError) or the bytes do not
     fit this engine's layout (HandoffError / ValueError naming the page or slot)."""
-    from dsgraph.runtime.engine import _Live
     from dsgraph.runtime.detokenizer import IncrementalDetokenizer
+    from dsgraph.runtime.engine import _Live
 
     pd = _state(engine)
     check_admissible(engine, handoff, params)
@@ -131,7 +133,9 @@ def admit_handoff(
     except BaseException:
         engine.scheduler.abort(rid)  # frees the reservation; its abort event has no listener
         raise
-    detok = IncrementalDetokenizer(engine.tokenizer, handoff.prompt, skip_special_tokens=p.skip_special_tokens)
+    detok = IncrementalDetokenizer(
+        engine.tokenizer, handoff.prompt, skip_special_tokens=p.skip_special_tokens
+    )
     live = _Live(p, handoff.seed, list(handoff.prompt), detok)
     for token in handoff.output:  # the prompt engine emitted these: same detokenizer and stop state
         live.tokens.append(token)
@@ -146,7 +150,9 @@ def _write(engine: Engine, pd: PDState, alloc, pages: dict[int, list[bytes]], sl
     for r, held in zip(pd.layout.ratios, alloc.pages, strict=True):
         got = pages.get(r, [])
         if len(got) != len(held):
-            raise HandoffError(f"ratio {r}: the handoff has {len(got)} pages, this engine reserved {len(held)}")
+            raise HandoffError(
+                f"ratio {r}: the handoff has {len(got)} pages, this engine reserved {len(held)}"
+            )
         for page, data in zip(held, got, strict=True):
             pd.layout.write_page(caches, r, page, data)
     pd.layout.write_slot(caches, alloc.slot, slot)

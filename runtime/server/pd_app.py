@@ -56,7 +56,11 @@ def _fail(counts: DecodeCounts, exc: Exception) -> JSONResponse:
     else:
         counts.refused += 1
         status = 502
-    err = ApiError.internal(f"{type(exc).__name__}: {exc}", status=status) if status != 400 else ApiError(400, str(exc))
+    err = (
+        ApiError.internal(f"{type(exc).__name__}: {exc}", status=status)
+        if status != 400
+        else ApiError(400, str(exc))
+    )
     return JSONResponse(err.body, status_code=status)
 
 

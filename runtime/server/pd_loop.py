@@ -56,21 +56,10 @@ class CompletionLoop(EngineLoop):
     async def add_prefilled(
         self, handoff: Handoff, pages: dict[int, list[bytes]], params: SamplingParams
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
-        if self.error is not None:
-            raise EngineDead(f"the engine is down ({type(self.error).__name__}); retry later")
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        rid = next(self._ids)
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        sink = lambda e: loop.call_soon_threadsafe(events.put_nowait, e)  # noqa: E731
         deadline = time.monotonic() + self.admit_timeout_s
-        self._commands.put(_AddPrefilled(rid, handoff, pages, params, sink, done, deadline))  # type: ignore[arg-type]
-        try:
-            await asyncio.wrap_future(done)
-        except asyncio.CancelledError:
-            self.abort(rid)
-            raise
-        return rid, events
+        return await self._submit(
+            lambda rid, sink, done: _AddPrefilled(rid, handoff, pages, params, sink, done, deadline)
+        )
 
     def _apply(self, cmd: Any) -> None:
         if not isinstance(cmd, _AddPrefilled):
@@ -189,7 +178,9 @@ class PromptLoop(EngineLoop):
         if task is not None:
             task.cancel()
 
-    async def _relay(self, inner: asyncio.Queue[TokenEvent], out: asyncio.Queue[TokenEvent], params: SamplingParams) -> None:
+    async def _relay(
+        self, inner: asyncio.Queue[TokenEvent], out: asyncio.Queue[TokenEvent], params: SamplingParams
+    ) -> None:
         event = await inner.get()
         if event.finish_reason != "prefilled":  # ended on the prompt engine (eos, length, error)
             out.put_nowait(event)
@@ -213,13 +204,21 @@ class PromptLoop(EngineLoop):
             if published:
                 self.transport.discard(handoff_id)
 
-    async def _decode(self, locator: dict[str, Any], params: SamplingParams, first: TokenEvent, out: asyncio.Queue[TokenEvent]) -> None:
+    async def _decode(
+        self,
+        locator: dict[str, Any],
+        params: SamplingParams,
+        first: TokenEvent,
+        out: asyncio.Queue[TokenEvent],
+    ) -> None:
         body = {"locator": locator, "params": params_json(params), "timeout_s": self.timeout_s}
         try:
             async with self._client.stream("POST", f"{self.peer}{DECODE_PATH}", json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
-                    raise PDError(f"the completion server at {self.peer} answered {resp.status_code}: {text[:500]}")
+                    raise PDError(
+                        f"the completion server at {self.peer} answered {resp.status_code}: {text[:500]}"
+                    )
                 lines = resp.aiter_lines()
                 head = json.loads(await anext(lines))
                 if "admitted" not in head:
@@ -236,7 +235,9 @@ class PromptLoop(EngineLoop):
         except PDError:
             raise
         except Exception as exc:  # connection refused, reset, timeout: httpx's errors
-            raise PDError(f"the completion server at {self.peer} failed: {type(exc).__name__}: {exc}") from None
+            raise PDError(
+                f"the completion server at {self.peer} failed: {type(exc).__name__}: {exc}"
+            ) from None
         raise PDError(f"the completion server at {self.peer} ended the stream before the request finished")
 
     def close(self) -> None:

@@ -21,7 +21,9 @@ class StoreCollector:
         tiers = self.store.metrics()
         for name in (*_COUNTERS, *_GAUGES):
             kind = CounterMetricFamily if name in _COUNTERS else GaugeMetricFamily
-            family = kind(f"dsgraph_kvstore_{name}", f"KV store {name.replace('_', ' ')} per tier", labels=["tier"])
+            family = kind(
+                f"dsgraph_kvstore_{name}", f"KV store {name.replace('_', ' ')} per tier", labels=["tier"]
+            )
             for tier, values in tiers.items():
                 if name in values:
                     family.add_metric([tier], values[name])
@@ -35,7 +37,9 @@ class HandoffCollector:
         self.counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily("dsgraph_pd_handoffs", "prefill/decode handoffs by result", labels=["result"])
+        family = CounterMetricFamily(
+            "dsgraph_pd_handoffs", "prefill/decode handoffs by result", labels=["result"]
+        )
         for result, n in self.counts().items():
             family.add_metric([result], n)
         yield family

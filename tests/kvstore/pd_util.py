@@ -97,7 +97,9 @@ class FaultyTransport:
         self.inner.close()
 
 
-def pd_apps(backend: str, store: Any = None, **kw: Any) -> tuple[Any, Any, FaultyTransport, FaultyTransport, Any]:
+def pd_apps(
+    backend: str, store: Any = None, **kw: Any
+) -> tuple[Any, Any, FaultyTransport, FaultyTransport, Any]:
     """(prompt app factory taking the completion URL, completion app, prompt-side and completion-side
     transports, completion engine)."""
     from dsgraph.runtime.kvstore.transport import make_transport

@@ -29,9 +29,14 @@ def normal():  # type: ignore[no-untyped-def]
     return engine("normal")
 
 
+@pytest.fixture(scope="module")
+def inline():  # type: ignore[no-untyped-def]
+    return engine("prompt"), engine("completion")
+
+
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
-def test_pair_inline_matches_normal(normal, params: SamplingParams) -> None:  # type: ignore[no-untyped-def]
-    p, c = engine("prompt"), engine("completion")
+def test_pair_inline_matches_normal(normal, inline, params: SamplingParams) -> None:  # type: ignore[no-untyped-def]
+    p, c = inline
     for prompt in (LONG, SHORT):
         want = normal_tokens(normal, prompt, params)
         assert len(want) == params.max_tokens
@@ -89,3 +94,33 @@ def test_missing_or_mismatched_pages_hold_nothing(tmp_path: Path) -> None:
         assert held_pages(c) == {1: 0, 2: 0} and c.scheduler.native.num_free_slots == 4
     with pytest.raises(HandoffError, match="another model"):
         c.add_prefilled(2, dataclasses.replace(hi, identity="x" * 32), good, GREEDY)
+
+
+def test_a_request_ending_at_its_first_token_stays_on_the_prompt_engine(normal, inline) -> None:  # type: ignore[no-untyped-def]
+    """max_tokens 1 or a stop string in the first token's text: finished there, nothing handed off or
+    held; structured outputs are refused before anything is reserved."""
+    p, c = inline
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    want = normal_tokens(normal, LONG, one)
+    p.add_request(0, LONG, one)
+    (ev,) = run_all(p)
+    p.release(0)
+    assert [ev.token] == want and ev.finish_reason == "length" and ev.handoff is None
+    text = normal.tokenizer.decode(normal_tokens(normal, LONG, GREEDY)[:1]).strip()
+    stop = dataclasses.replace(GREEDY, stop=(text,))
+    p.add_request(1, LONG, stop)
+    (ev,) = run_all(p)
+    p.release(1)
+    assert ev.finish_reason == "stop" and ev.handoff is None and text not in ev.text
+    assert held_pages(p) == {1: 0, 2: 0} and p.scheduler.native.num_handoff == 0
+    p.add_request(2, LONG, GREEDY)
+    (ev,) = run_all(p)
+    p.release(2)
+    h = ev.handoff.handoff
+    from dsgraph.runtime.sampling_params import RequestError
+    from dsgraph.runtime.structured.params import StructuredOutputsParams
+
+    structured = dataclasses.replace(GREEDY, structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(RequestError, match="structured_outputs"):
+        c.add_prefilled(3, h, fetch_pages(c, h), structured)
+    assert held_pages(c) == {1: 0, 2: 0}

@@ -36,7 +36,16 @@ def _port() -> int:
 
 @contextmanager
 def _serve(port: int, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "dsgraph.tools.cli", "serve", "--port", str(port), "--served-model-name", MODEL]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dsgraph.tools.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+    ]
     cmd += ["--max-model-len", "128", "--max-num-seqs", "4", "--pd-transport", "torch", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -86,13 +95,17 @@ def test_process_pair_serves_and_survives_a_completion_restart(normal_text: str,
             assert p_metrics['dsgraph_pd_handoffs_total{result="exported"}'] == 1
             # a long request: the completion server dies after its first tokens
             body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 80, "temperature": 0, "ignore_eos": True}
-            with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+            with httpx.stream(
+                "POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60
+            ) as s:
                 lines = s.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 assert json.loads(first[6:])["choices"][0]["text"]
                 os.killpg(completion.pid, signal.SIGKILL)
                 rest = [line for line in lines if line.startswith("data: ")]
-            assert s.status_code == 200 and any('"error"' in line and "handoff failed" in line for line in rest)
+            assert s.status_code == 200 and any(
+                '"error"' in line and "handoff failed" in line for line in rest
+            )
         down = _complete(url)  # nobody at the peer's address: an error status naming the stage
         assert down.status_code >= 500 and "completion server" in down.json()["error"]["message"]
         assert list((tmp_path / "kv" / "blocks").glob("*/*.blk"))  # the prompt engine wrote through

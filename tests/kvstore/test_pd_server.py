@@ -20,7 +20,13 @@ from tests.kvstore.pd_util import MODEL, engine, pd_apps
 
 PROMPT = [(5 * i + 2) % 150 + 5 for i in range(40)]
 SEQS = 16
-BACKENDS = ["torch", pytest.param("mooncake", marks=pytest.mark.skipif(not mooncake_available(), reason="mooncake does not load (libibverbs.so.1)"))]
+BACKENDS = [
+    "torch",
+    pytest.param(
+        "mooncake",
+        marks=pytest.mark.skipif(not mooncake_available(), reason="mooncake does not load (libibverbs.so.1)"),
+    ),
+]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -50,6 +56,11 @@ def _chat_stream(url: str, **kw) -> tuple[int, str]:  # type: ignore[no-untyped-
         return r.status_code, r.read().decode()
 
 
+def _sse_text(stream: str) -> str:
+    chunks = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
 def _held_nothing(p_state, c_state, pt) -> None:  # type: ignore[no-untyped-def]
     for state in (p_state, c_state):
         wait_idle(state)
@@ -59,24 +70,24 @@ def _held_nothing(p_state, c_state, pt) -> None:  # type: ignore[no-untyped-def]
     assert not pt.published  # every payload was discarded
 
 
-@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 77}], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 77}], ids=["greedy", "seeded"]
+)
 def test_pair_gives_normal_completions(pair, normal_url, sampling) -> None:  # type: ignore[no-untyped-def]
     p_url, p_state, c_state, pt, _ = pair
     want = _complete(normal_url, **sampling)
     got = _complete(p_url, **sampling)
     assert want.status_code == got.status_code == 200, got.text
     w, g = want.json(), got.json()
-    assert g["choices"][0]["text"] == w["choices"][0]["text"] and g["usage"] == w["usage"]
+    assert g["choices"][0]["text"] == w["choices"][0]["text"]
+    # (cached_tokens differ: the NORMAL server's prefix cache is shared by every backend's tests)
+    for key in ("prompt_tokens", "completion_tokens"):
+        assert g["usage"][key] == w["usage"][key]
     assert w["usage"]["completion_tokens"] == 8
     status, stream = _chat_stream(p_url, max_tokens=6, **sampling)
     _, normal_stream = _chat_stream(normal_url, max_tokens=6, **sampling)
     assert status == 200
-    text = lambda s: "".join(  # noqa: E731
-        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-        for line in s.splitlines()
-        if line.startswith("data: {") and json.loads(line[6:])["choices"]
-    )
-    assert text(stream) == text(normal_stream) and text(stream)
+    assert _sse_text(stream) == _sse_text(normal_stream) and _sse_text(stream)
     _held_nothing(p_state, c_state, pt)
 
 
@@ -103,8 +114,13 @@ def test_hundred_concurrent_requests_none_lost(pair) -> None:  # type: ignore[no
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
-            body = lambda i: {"model": MODEL, "prompt": [5 + i % 50, 6, 7], "max_tokens": 2, "ignore_eos": True}  # noqa: E731
-            return await asyncio.gather(*(client.post(f"{p_url}/v1/completions", json=body(i)) for i in range(100)))
+
+            def body(i: int) -> dict[str, object]:
+                return {"model": MODEL, "prompt": [5 + i % 50, 6, 7], "max_tokens": 2, "ignore_eos": True}
+
+            return await asyncio.gather(
+                *(client.post(f"{p_url}/v1/completions", json=body(i)) for i in range(100))
+            )
 
     out = asyncio.run(run())
     assert [r.status_code for r in out] == [200] * 100

@@ -65,7 +65,9 @@ def _sync(platform: str) -> None:
         torch.cuda.synchronize()
 
 
-def _one_length(p: Any, c: Any, transports: tuple[Any, Any], n: int, args: argparse.Namespace) -> dict[str, Any]:
+def _one_length(
+    p: Any, c: Any, transports: tuple[Any, Any], n: int, args: argparse.Namespace
+) -> dict[str, Any]:
     from dsgraph.runtime.kvstore.handoff import Handoff
     from dsgraph.runtime.kvstore.pd_engines import fetch_pages
     from dsgraph.runtime.kvstore.transport import pack_payload, unpack_payload
@@ -105,7 +107,9 @@ def _one_length(p: Any, c: Any, transports: tuple[Any, Any], n: int, args: argpa
     c.release(n)
     global_bytes = sum(len(b) for r in pages for b in pages[r])
     page_size = p.model.geo.page_size
-    per_token = sum(len(pages[r][0]) / (page_size * r) for r in pages if pages[r])  # one page's bytes / its tokens
+    per_token = sum(
+        len(pages[r][0]) / (page_size * r) for r in pages if pages[r]
+    )  # one page's bytes / its tokens
     return {
         "prompt_tokens": n,
         "prefill_to_first_token_s": t1 - t0,
@@ -132,7 +136,9 @@ def _store_rates(path: Path, block_bytes: int, total_bytes: int, drop: bool) -> 
     n = max(1, total_bytes // block_bytes)
     keys = [f"{i:040x}" for i in range(n)]
     data = os.urandom(block_bytes)
-    cfg = StoreConfig(path=str(path), host_capacity_bytes=2 * n * block_bytes, disk_capacity_bytes=2 * n * block_bytes)
+    cfg = StoreConfig(
+        path=str(path), host_capacity_bytes=2 * n * block_bytes, disk_capacity_bytes=2 * n * block_bytes
+    )
     store = TieredStore(cfg)
     t0 = time.perf_counter()
     for k in keys:
@@ -168,7 +174,9 @@ def _store_rates(path: Path, block_bytes: int, total_bytes: int, drop: bool) -> 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model directory (default: the tiny model)")
-    ap.add_argument("--bench-model", action="store_true", help="the full-width 8-layer bench model, dummy weights")
+    ap.add_argument(
+        "--bench-model", action="store_true", help="the full-width 8-layer bench model, dummy weights"
+    )
     ap.add_argument("--platform", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill chunk)")
@@ -176,7 +184,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--transport", choices=["auto", "mooncake", "torch"], default="auto")
     ap.add_argument("--store-dir", default=None, help="block store directory (default: a temporary one)")
     ap.add_argument("--store-mib", type=int, default=512, help="bytes written for the store read rates")
-    ap.add_argument("--drop-caches", action="store_true", help="drop the OS page cache before disk reads (root)")
+    ap.add_argument(
+        "--drop-caches", action="store_true", help="drop the OS page cache before disk reads (root)"
+    )
     ap.add_argument("--out", default=None, help="JSON path (default: bench/results/pd-handoff-<device>.json)")
     args = ap.parse_args(argv)
     from dsgraph.models.deepseek_v41.config import parse_config
@@ -200,12 +210,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": _device(args.platform),
         "model": "bench-8-layer" if args.bench_model else str(model),
         "transport": transports[0].name,
-        "expected_global_bytes_per_token": global_bytes_per_token(p.model.plans, text.head_dim, text.index_head_dim),
-        "flash_global_bytes_per_token": global_bytes_per_token(layer_plans(flash), flash.head_dim, flash.index_head_dim),
+        "expected_global_bytes_per_token": global_bytes_per_token(
+            p.model.plans, text.head_dim, text.index_head_dim
+        ),
+        "flash_global_bytes_per_token": global_bytes_per_token(
+            layer_plans(flash), flash.head_dim, flash.index_head_dim
+        ),
         "handoff": [_one_length(p, c, transports, n, args) for n in args.lengths],
     }
     page = results["handoff"][-1]["global_bytes"] // max(1, results["handoff"][-1]["store_keys"])
-    results["store"] = _store_rates(store_dir / "rates", max(page, 4096), args.store_mib << 20, args.drop_caches)
+    results["store"] = _store_rates(
+        store_dir / "rates", max(page, 4096), args.store_mib << 20, args.drop_caches
+    )
     out = Path(args.out or f"bench/results/pd-handoff-{results['device'].replace(' ', '-')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
