@@ -34,3 +34,9 @@ def test_engine_type_and_store_flags(tmp_path) -> None:  # type: ignore[no-untyp
 def test_bad_combinations_name_the_flag(argv: tuple[str, ...], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         check_pd_args(_args(*argv))
+
+
+def test_generate_refuses_a_pd_engine_type(capsys) -> None:  # type: ignore[no-untyped-def]
+    args = build_parser().parse_args(["generate", "--engine-type", "prompt", "--prompt", "W1"])
+    assert args.func(args) == 2
+    assert "generate runs a normal engine" in capsys.readouterr().err
