@@ -28,6 +28,7 @@ from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
+from dsgraph.runtime.kvstore.pd_engines import admit_handoff, export_handoff, pd_state
 from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
 from dsgraph.runtime.sampler import Sampler, Samples
@@ -91,13 +92,23 @@ class TokenEvent:
     # with the first token of a request asking for prompt logprobs: one entry per prompt position (None
     # for the first)
     prompt_logprobs: tuple[PromptEntry | None, ...] | None = None
+    # finish_reason "prefilled" (a PROMPT engine's request after its first token): the request's caches
+    # and sampled token for a COMPLETION engine (a kvstore.pd_engines.Exported)
+    handoff: Any = None
 
 
 class Engine:
     def __init__(
-        self, model_dir: str | Path, config: EngineConfig = EngineConfig(), *, rank: Any = None
+        self,
+        model_dir: str | Path,
+        config: EngineConfig = EngineConfig(),
+        *,
+        rank: Any = None,
+        store: Any = None,
     ) -> None:
-        """`rank`: a `runtime.distributed.rank.RankSetup` makes this one rank of an expert-parallel group."""
+        """`rank`: a `runtime.distributed.rank.RankSetup` makes this one rank of an expert-parallel group.
+        `store`: the kvstore TieredStore a PROMPT engine writes prompt pages through to and a COMPLETION
+        engine reads handed-off pages from (None: pages travel inline in the handoff)."""
         root = Path(model_dir)
         self.model_dir = root
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
@@ -151,6 +162,7 @@ class Engine:
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
         self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
+        self.pd = None if config.engine_type == "normal" else pd_state(self, store)
         if rank is not None:
             rank.bind(self)
 
@@ -208,6 +220,13 @@ class Engine:
         )
         self.live[rid] = live
         self._prefilling.add(rid)
+
+    def add_prefilled(
+        self, rid: int, handoff: Any, pages: dict[int, list[bytes]], params: SamplingParams
+    ) -> None:
+        """COMPLETION engine: admit a PROMPT engine's prefilled request (a kvstore Handoff and its pages,
+        `pd_engines.fetch_pages`); it decodes from the next step. Raises and holds nothing on failure."""
+        admit_handoff(self, rid, handoff, pages, params)
 
     def abort(self, rid: int) -> None:
         if rid in self.live and self.live[rid].finish is None:
@@ -490,9 +509,14 @@ class Engine:
         live.logprobs.append(float(s.logprobs[i]))
         live.top.append(top)
         finished, reason = bool(event and event.finished), event.reason if event else None
-        text = self._new_text(rid, live, token, finished)
-        if live.finish == "stop" and not finished:
+        prefilled = reason == "prefilled"  # the text goes on on the completion engine: nothing is flushed
+        text = self._new_text(rid, live, token, finished and not prefilled)
+        handoff = None
+        if live.finish == "stop" and (prefilled or not finished):  # a stop string (caches freed)
             finished, reason = True, "stop"
+        elif prefilled:
+            live.finish = reason
+            handoff = export_handoff(self, rid)
         elif finished:
             live.finish = reason
             if reason == "stop" and token in live.params.stop_token_ids:
@@ -502,7 +526,9 @@ class Engine:
         if live.params.prompt_logprobs is not None and len(live.tokens) == 1:
             prompt_lp = tuple(live.prompt_logprobs.get(p) for p in range(len(live.prompt)))
         lp = float(s.logprobs[i])
-        return TokenEvent(rid, token, text, lp, top, finished, reason, cached, prompt_logprobs=prompt_lp)
+        return TokenEvent(
+            rid, token, text, lp, top, finished, reason, cached, prompt_logprobs=prompt_lp, handoff=handoff
+        )
 
     def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
         """Text to emit for this token: never half a character, never a (partial) stop string."""

@@ -62,6 +62,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="plan step N+1 while step N runs (auto: on with cuda when not drafting)",
     )
+    p.add_argument(
+        "--engine-type",
+        choices=["normal", "prompt", "completion"],
+        default="normal",
+        help="prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,4 +88,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "draft_len": args.draft_len,
         "deterministic": args.deterministic,
         "overlap": args.overlap,
+        "engine_type": args.engine_type,
     }

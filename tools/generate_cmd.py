@@ -60,6 +60,8 @@ def main(args: argparse.Namespace) -> int:
     if args.ep != 1 or args.nnodes != 1:
         return _main_group(args)
     try:
+        if args.engine_type != "normal":  # a pair needs two servers (README, prefill/decode)
+            raise ValueError(f"--engine-type {args.engine_type}: generate runs a normal engine; use serve")
         params = _params(args)
         llm = LLM(args.model, **engine_kwargs(args))
         params.validate(llm.engine.cfg.text.vocab_size)

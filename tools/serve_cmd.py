@@ -11,6 +11,7 @@ from pathlib import Path
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
 from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 from dsgraph.tools.generate_cmd import default_model_dir
+from dsgraph.tools.pd_args import add_pd_arguments, check_pd_args, pd_loop, store_from_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(p)
     _add_limits(p)
     add_ep_arguments(p)
+    add_pd_arguments(p)
     p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU to plan for (default: the GPU's)")
     p.set_defaults(func=main)
 
@@ -93,9 +95,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
     try:
         config = EngineConfig(**engine_kwargs(args), check_weights=args.check_weights)
+        check_pd_args(args)
         refuse_unless_fits(args, root)
         single = args.ep == 1 and args.nnodes == 1
-        engine = Engine(root, config) if single else _group_engine(args, root, config)
+        store = store_from_args(args)
+        engine = Engine(root, config, store=store) if single else _group_engine(args, root, config)
+        loop, transport = pd_loop(args, engine)
     except (ValueError, FileNotFoundError) as exc:  # a bad option or an absent device: one clear line
         print(f"dsgraph serve: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +115,12 @@ def main(args: argparse.Namespace) -> int:
         allowed_origins=args.allowed_origins,
         limits=limits,
         enable_openapi=args.enable_openapi,
+        loop=loop,
     )
+    if args.engine_type != "normal":
+        from dsgraph.runtime.server.pd_app import install_pd
+
+        install_pd(app, args.engine_type, transport, store, args.pd_timeout)
     _logging()
     uv_config = uvicorn.Config(
         app,

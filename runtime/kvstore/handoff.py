@@ -49,6 +49,8 @@ class Handoff:
     slot: bytes  # the state slot, CacheLayout.slot_bytes
     keys: dict[int, list[str]]  # per ratio: store keys of the full prompt pages, in order
     tails: dict[int, list[bytes]]  # per ratio: the following pages' bytes, in order
+    seed: int = 0  # the request's sampling seed (the completion engine samples on with it)
+    identity: str = ""  # model_identity of the engine that made it
 
     def pack(self) -> bytes:
         blobs = [self.slot, *(b for r in sorted(self.tails) for b in self.tails[r])]
@@ -59,16 +61,26 @@ class Handoff:
             "keys": {str(r): k for r, k in self.keys.items()},
             "tails": {str(r): [len(b) for b in t] for r, t in self.tails.items()},
             "slot": len(self.slot),
+            "seed": self.seed,
+            "identity": self.identity,
         }
         raw = json.dumps(head).encode()
         return _LEN.pack(len(raw)) + raw + b"".join(blobs)
 
     @classmethod
     def unpack(cls, data: bytes) -> Handoff:
-        (n,) = _LEN.unpack_from(data)
-        head = json.loads(data[_LEN.size : _LEN.size + n])
-        if head.get("format") != FORMAT:
-            raise HandoffError(f"handoff format {head.get('format')!r}, expected {FORMAT!r}")
+        """The packed handoff; HandoffError when it is truncated, of another format or inconsistent."""
+        try:
+            (n,) = _LEN.unpack_from(data)
+            head = json.loads(data[_LEN.size : _LEN.size + n])
+        except (struct.error, ValueError) as exc:
+            raise HandoffError(f"handoff header unreadable ({len(data)} bytes): {exc}") from None
+        if not isinstance(head, dict) or head.get("format") != FORMAT:
+            got = head.get("format") if isinstance(head, dict) else head
+            raise HandoffError(f"handoff format {got!r}, expected {FORMAT!r}")
+        want = _LEN.size + n + head["slot"] + sum(sum(t) for t in head["tails"].values())
+        if len(data) != want:
+            raise HandoffError(f"handoff has {len(data)} bytes, its header says {want} (truncated?)")
         at = _LEN.size + n
         slot = data[at : at + head["slot"]]
         at += head["slot"]
@@ -79,7 +91,7 @@ class Handoff:
                 tails[int(r)].append(data[at : at + size])
                 at += size
         keys = {int(r): k for r, k in head["keys"].items()}
-        return cls(head["prompt"], head["output"], slot, keys, tails)
+        return cls(head["prompt"], head["output"], slot, keys, tails, head["seed"], head["identity"])
 
 
 def prompt_block_keys(identity: str, prompt: list[int], ratio: int, page_size: int) -> list[str]:

@@ -59,10 +59,11 @@ class ServerState:
         allow_forced_outputs: bool = False,
         allow_fault_injection: bool = False,
         limits: ServerLimits | None = None,
+        loop: EngineLoop | None = None,
     ) -> None:
         self.allow_forced_outputs = allow_forced_outputs
         self.allow_fault_injection = allow_fault_injection
-        self.loop = EngineLoop(engine)
+        self.loop = loop if loop is not None else EngineLoop(engine)
         self.metrics = Metrics(self.loop)
         self.model_name, self.recipe_tok = model_name, recipe_tok
         self.options = conversion_options(model_name, thinking)
@@ -292,14 +293,16 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     limits: ServerLimits | None = None,
     enable_openapi: bool = False,
+    loop: EngineLoop | None = None,
 ) -> FastAPI:
     """The server app around one engine; `app.state.server` holds the engine loop and metrics.
     `allow_forced_outputs` / `allow_fault_injection` enable the FORCED_FIELD / FAULT_FIELD test hooks;
     never for a real server. `api_key`: /v1 endpoints need it; `allowed_origins`: CORS (access.py).
     `enable_openapi` serves the schema at /openapi.json; the /docs and /redoc pages are never served
-    (FastAPI's load their assets from a public CDN)."""
+    (FastAPI's load their assets from a public CDN). `loop`: the engine's loop when it is not a plain
+    EngineLoop (prefill/decode disaggregation, server/pd_loop.py)."""
     state = ServerState(
-        engine, model_name, recipe_tok, thinking, allow_forced_outputs, allow_fault_injection, limits
+        engine, model_name, recipe_tok, thinking, allow_forced_outputs, allow_fault_injection, limits, loop
     )
     app = FastAPI(
         title="dsgraph",

@@ -10,6 +10,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.runtime.engine import Engine, TokenEvent
@@ -80,6 +81,12 @@ class EngineLoop:
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
         """Queue a request; RequestError (bad params, long prompt) is raised here and nothing is queued;
         EngineDead when the engine thread has stopped."""
+        return await self._submit(
+            lambda rid, sink, done: _Add(rid, prompt_ids, params, sink, done, fault_after)
+        )
+
+    async def _submit(self, command: Callable[..., Any]) -> tuple[int, asyncio.Queue[TokenEvent]]:
+        """Queue `command(rid, sink, done)` for the engine thread and wait until it was applied."""
         if self.error is not None:
             raise EngineDead(f"the engine is down ({type(self.error).__name__}); retry later")
         loop = asyncio.get_running_loop()
@@ -87,7 +94,7 @@ class EngineLoop:
         rid = next(self._ids)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         sink = lambda e: loop.call_soon_threadsafe(events.put_nowait, e)  # noqa: E731
-        self._commands.put(_Add(rid, prompt_ids, params, sink, done, fault_after))
+        self._commands.put(command(rid, sink, done))
         try:
             await asyncio.wrap_future(done)
         except asyncio.CancelledError:  # the client left while queued: the add still runs, so undo it
