@@ -79,7 +79,7 @@ class DeviceProgram:
         if side_stream is None:
             side_stream = os.environ.get("DSGRAPH_SIDE_STREAM", "1") != "0"
         graph = program.graph
-        if program.memory is None:
+        if not program.is_concrete:
             raise ExecutionError(
                 f"program {graph.name}: symbolic dims {sorted(graph.symbols)}; specialize the graph to a "
                 "bucket before running it on a device"

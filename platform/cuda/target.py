@@ -2,18 +2,18 @@
 their in-place form, then the `RULES` of every `dsgraph.platform.cuda.kernels.*` module over them.
 
 A kernel module that fails to import (no triton, no GPU toolchain) is skipped: its ops keep the cpu rule,
-and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why. So is a module
-that says `GPU_VERIFIED = False` (its tests have passed only under Triton's CPU interpreter so far), unless
-the environment sets DSGRAPH_CUDA_KERNELS=all: a kernel joins the default table once it has passed its
-tests on a GPU.
+and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why. The tests do
+not accept that: tests/cuda/test_kernel_imports.py fails when any kernel module does not import where
+triton is installed, and the kernel tests refuse to compare an op that has no kernel rule.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
-import os
 import pkgutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +57,10 @@ def _declared_ops(path: Path) -> list[str]:
 
 
 def kernel_rules(
-    package_name: str = KERNELS_PACKAGE, *, include_unverified: bool | None = None
+    package_name: str = KERNELS_PACKAGE,
 ) -> tuple[dict[str, Rule], dict[str, str], dict[str, str]]:
     """(op -> kernel rule, op -> fallback reason, kernel module -> import error) over the modules of
-    `package_name` (`kernels/*.py`). `include_unverified` (default: DSGRAPH_CUDA_KERNELS=all) also takes
-    the modules with `GPU_VERIFIED = False`."""
-    if include_unverified is None:
-        include_unverified = os.environ.get("DSGRAPH_CUDA_KERNELS") == "all"
+    `package_name` (`kernels/*.py`)."""
     rules: dict[str, Rule] = {}
     fallbacks: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -81,12 +78,15 @@ def kernel_rules(
             for op in _declared_ops(origin):
                 fallbacks[op] = f"kernels.{info.name} did not import ({errors[info.name]}); the cpu rule runs"
             continue
-        if not getattr(module, "GPU_VERIFIED", True) and not include_unverified:
-            for op in getattr(module, "RULES", {}):
-                fallbacks[op] = f"kernels.{info.name} is not yet verified on a GPU (DSGRAPH_CUDA_KERNELS=all)"
-            continue
         rules.update(getattr(module, "RULES", {}))
     return rules, fallbacks, errors
+
+
+def kernel_launches(rules: Mapping[str, Rule]) -> dict[str, tuple[str, ...]]:
+    """op -> the Triton kernels its kernel rule may launch: the `KERNELS` table of the rule's module."""
+    return {
+        op: tuple(getattr(sys.modules[r.__module__], "KERNELS", {}).get(op, ())) for op, r in rules.items()
+    }
 
 
 KERNEL_RULES, FALLBACKS, IMPORT_ERRORS = kernel_rules()
@@ -96,6 +96,7 @@ PLATFORM = Platform(
     unsupported=CPU.unsupported,
     fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
     inplace=INPLACE,
+    kernels=kernel_launches(KERNEL_RULES),
 )
 # the platform without kernel modules: what the cuda platform runs where no kernel applies (tests)
 DEFAULTS = Platform("cuda", {**CPU.rules, **INPLACE_RULES}, unsupported=CPU.unsupported, inplace=INPLACE)

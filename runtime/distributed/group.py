@@ -81,4 +81,4 @@ def init_group(rv: Rendezvous, rank: int, ep: int, backend: str, timeout_s: floa
 def group_platform(base: Platform, exchange: ExpertExchange) -> Platform:
     """`base`'s rules with dispatch/combine bound to the group (the model graph is unchanged)."""
     rules = {**base.rules, "moe_dispatch": exchange.dispatch, "moe_combine": exchange.combine}
-    return Platform(base.name, rules, base.executes, base.unsupported, base.fallbacks, base.inplace)
+    return dataclasses.replace(base, rules=rules)

@@ -208,3 +208,14 @@ def launch(
 
 
 RULES: dict[str, Any] = {"attention": attention}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): top-k entries
+# to pool rows with the tiling's entry_rows, then split programs and their merge up to decode_max_rows rows,
+# else one fused program per row
+KERNELS: dict[str, tuple[str, ...]] = {
+    "attention": (
+        "attention_tl.entry_rows_kernel",
+        "attention_tl.split_kernel",
+        "attention_tl.merge_kernel",
+        "attention_tl.fused_kernel",
+    ),
+}

@@ -192,3 +192,13 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | 
 
 
 RULES: dict[str, Any] = {"linear": linear, "grouped_linear": grouped_linear}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): the
+# activation's FP8 quantization, the GEMM and the reduction of its K splits
+KERNELS: dict[str, tuple[str, ...]] = {
+    "linear": ("linear_tl.quantize_rows_kernel", "linear_tl.linear_kernel", "linear_tl.reduce_splits_kernel"),
+    "grouped_linear": (
+        "linear_tl.quantize_rows_kernel",
+        "linear_tl.linear_kernel",
+        "linear_tl.reduce_splits_kernel",
+    ),
+}

@@ -279,3 +279,21 @@ def _swap_experts(
 
 
 RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "swiglu": swiglu}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): the gate
+# GEMM through the linear kernel; the plan, the base or swap-AB expert GEMMs (with the swap path's
+# activation qdq) and the combine
+KERNELS: dict[str, tuple[str, ...]] = {
+    "moe_route": (
+        "linear_tl.quantize_rows_kernel",
+        "linear_tl.linear_kernel",
+        "linear_tl.reduce_splits_kernel",
+    ),
+    "moe_experts": (
+        "moe_tl.plan_kernel",
+        "moe_tl.expert_gemm_kernel",
+        "moe_swap_tl.qdq_rows_kernel",
+        "moe_swap_tl.swap_gemm_kernel",
+        "moe_tl.combine_kernel",
+    ),
+    "swiglu": ("moe_tl.swiglu_kernel",),
+}
