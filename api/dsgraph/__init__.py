@@ -1,7 +1,8 @@
 """dsgraph: a compiled-graph inference engine for DeepSeek-V4.1-Flash.
 
-The offline API in vLLM's shape: `from dsgraph import LLM, SamplingParams`. The names are loaded on
-first use, so `import dsgraph.tools.cli` (and everything that does not need torch) stays light.
+The offline API in vLLM's shape: `from dsgraph import LLM, SamplingParams`; one model step at a time:
+`from dsgraph import EngineConfig, Session` (`Session.from_checkpoint`, docs/session.md). The names are
+loaded on first use, so `import dsgraph.tools.cli` (and everything that does not need torch) stays light.
 This file is the package's top level (pyproject maps this folder to `dsgraph`); the subpackages are the
 repository's top-level folders (`dsgraph.runtime`, `dsgraph.models`, ...).
 """
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from dsgraph.runtime.llm import LLM
     from dsgraph.runtime.outputs import CompletionOutput, Logprob, RequestOutput
     from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+    from dsgraph.runtime.session import Session
 
 __all__ = [
     "LLM",
@@ -25,6 +27,7 @@ __all__ = [
     "RequestError",
     "RequestOutput",
     "SamplingParams",
+    "Session",
 ]
 
 _WHERE = {
@@ -35,6 +38,7 @@ _WHERE = {
     "RequestOutput": "dsgraph.runtime.outputs",
     "RequestError": "dsgraph.runtime.sampling_params",
     "SamplingParams": "dsgraph.runtime.sampling_params",
+    "Session": "dsgraph.runtime.session",
 }
 
 
