@@ -38,7 +38,7 @@ from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.cuda.execute import resolve_device
-from dsgraph.platform.cuda.placement import HOST_MIN_BYTES, place_weights
+from dsgraph.platform.cuda.placement import place_weights
 from dsgraph.platform.registry import Platform, Program, lower
 from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
 from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
@@ -114,7 +114,7 @@ class Session:
         device: torch.device | str | None = None,
         capture: bool = True,
         capture_max_tokens: int = CAPTURE_MAX_TOKENS,
-        host_min_bytes: int = HOST_MIN_BYTES,
+        host_min_bytes: int | None = None,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
         from dsgraph.runtime.spec_draft import target_weights
@@ -130,7 +130,8 @@ class Session:
         self.device = resolve_device(device if device is not None else name)
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(weights, model.dspark)
-        # On a CUDA device Engram tables of >= host_min_bytes stay in pinned host memory (read over PCIe)
+        # On a CUDA device Engram tables of >= host_min_bytes (default: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
+        # stay in pinned host memory (read over PCIe)
         placed = place_weights(target, self.device, host_min_bytes)
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self.graph: Graph = trace_step(model, weight_types(target, backbone_only=False), debug=debug)

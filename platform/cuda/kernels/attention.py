@@ -24,13 +24,13 @@ keys as absent and keep every address inside its buffer: a bad step gives wrong 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
@@ -83,7 +83,7 @@ def _next_pow2(n: int) -> int:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return env.triton_interpreting()
 
 
 def runs_kernels(t: Tensor) -> bool:

@@ -20,12 +20,12 @@ tests/cuda/test_linear.py).
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_core, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
 
@@ -135,7 +135,7 @@ def tiles_for(m: int) -> Tiles:
 def _uses_kernel(p: Any, x: Tensor) -> bool:
     if p.weight_format == "dense" and p.act_quant != "none":
         return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or env.triton_interpreting()
 
 
 def dot_kind(act_quant: str, x: Tensor, dense_weight: Tensor | None) -> int:

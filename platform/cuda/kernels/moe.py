@@ -23,7 +23,6 @@ Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
@@ -119,7 +119,7 @@ EXPERT_VARIANT = "swap_ds"
 
 
 def _on_device(x: Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or env.triton_interpreting()
 
 
 def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
