@@ -9,8 +9,9 @@ repository's top-level folders (`dsgraph.runtime`, `dsgraph.models`, ...).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dsgraph._lazy import lazy_names
 
 if TYPE_CHECKING:
     from dsgraph.runtime.engine import EngineConfig
@@ -42,11 +43,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'dsgraph' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names("dsgraph", _WHERE)
