@@ -10,6 +10,7 @@ triton is installed, and the kernel tests refuse to compare an op that has no ke
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pkgutil
 import sys
@@ -21,6 +22,7 @@ import dsgraph.ops  # noqa: F401  (declares the ops)
 from dsgraph.graph.ir import Eqn
 from dsgraph.platform.cpu.rules_cache import INPLACE_RULES
 from dsgraph.platform.cpu.target import PLATFORM as CPU
+from dsgraph.platform.cuda.kernel_config import KernelConfig
 from dsgraph.platform.registry import Platform, Rule
 
 KERNELS_PACKAGE = "dsgraph.platform.cuda.kernels"
@@ -89,14 +91,34 @@ def kernel_launches(rules: Mapping[str, Rule]) -> dict[str, tuple[str, ...]]:
     }
 
 
+def _bind(rule: Rule, **choice: str) -> Rule:
+    """`rule` with its variant keyword fixed; keeps the rule's name (program dumps name the rule)."""
+    return functools.wraps(rule)(lambda p, *operands: rule(p, *operands, **choice))
+
+
+def bound_rules(rules: Mapping[str, Rule], config: KernelConfig) -> dict[str, Rule]:
+    """The kernel rules with `config`'s variants bound into the rules that take one."""
+    choices = {
+        "attention": {"tiling": config.attention_tiling},
+        "moe_experts": {"variant": config.moe_variant},
+    }
+    return {op: _bind(r, **choices[op]) if op in choices else r for op, r in rules.items()}
+
+
+def cuda_platform(config: KernelConfig | None = None) -> Platform:
+    """The cuda platform running `config`'s kernel variants (default: KernelConfig())."""
+    rules = bound_rules(KERNEL_RULES, KernelConfig() if config is None else config)
+    return Platform(
+        "cuda",
+        {**CPU.rules, **INPLACE_RULES, **rules},
+        unsupported=CPU.unsupported,
+        fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
+        inplace=INPLACE,
+        kernels=kernel_launches(KERNEL_RULES),
+    )
+
+
 KERNEL_RULES, FALLBACKS, IMPORT_ERRORS = kernel_rules()
-PLATFORM = Platform(
-    "cuda",
-    {**CPU.rules, **INPLACE_RULES, **KERNEL_RULES},
-    unsupported=CPU.unsupported,
-    fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
-    inplace=INPLACE,
-    kernels=kernel_launches(KERNEL_RULES),
-)
+PLATFORM = cuda_platform()
 # the platform without kernel modules: what the cuda platform runs where no kernel applies (tests)
 DEFAULTS = Platform("cuda", {**CPU.rules, **INPLACE_RULES}, unsupported=CPU.unsupported, inplace=INPLACE)

@@ -230,7 +230,7 @@ def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int, name
 def test_the_cuda_platform_runs_this_rule() -> None:
     from dsgraph.platform.cuda.target import PLATFORM
 
-    assert PLATFORM.rules["attention"] is cuda_attention.attention
+    assert PLATFORM.rules["attention"].__wrapped__ is cuda_attention.attention  # bound to its tiling
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend")
