@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from dsgraph.graph.ir import Eqn, Graph
@@ -39,6 +40,8 @@ class Platform:
     # op name -> why its rule is not the platform's preferred one (e.g. a kernel module failed to import)
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     inplace: Mapping[str, Inplace] = field(default_factory=dict)
+    # op name -> the device kernels its rule may launch (shown by Program.as_text; the cuda platform's)
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def rule_for(self, eqn: Eqn, where: str = "") -> Rule:
         rule = self.rules.get(eqn.op)
@@ -60,28 +63,48 @@ class LoweredStep:
 
 @dataclass(frozen=True)
 class Program:
-    """A graph lowered onto one platform: one step per equation, and the arena plan if concrete."""
+    """A graph lowered onto one platform: one step per equation. `memory` is the arena plan of a concrete
+    program, for analysis only (see `memory`)."""
 
     graph: Graph
     platform: str
     steps: tuple[LoweredStep, ...]
-    memory: MemoryPlan | None
     fallbacks: Mapping[str, str] = field(default_factory=dict)
     inplace: Mapping[str, Inplace] = field(default_factory=dict)
+    kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # the platform it was lowered onto, for re-lowering a symbolic program onto the same rules (an
     # expert-parallel group's platform binds its own collective rules: runtime/distributed)
     source: Platform | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_concrete(self) -> bool:
+        """Whether every dim is a number (a bucket): only a concrete program runs on a device."""
+        return not self.graph.symbols
+
+    @cached_property
+    def memory(self) -> MemoryPlan | None:
+        """The liveness plan of one arena for every intermediate value (None with symbolic dims). Analysis
+        only: no platform allocates from it (the cpu interpreter and the cuda programs take each value from
+        torch's allocator, a captured bucket from its CUDA-graph pool). `dsgraph inspect` and the goldens
+        print it, `dsgraph plan` sizes activations with it; it is computed when first read, so lowering a
+        bucket does not pay for it."""
+        return plan_memory(self.graph) if self.is_concrete else None
 
     def as_text(self) -> str:
         lines = [f"program {self.graph.name} on {self.platform}: {len(self.steps)} steps"]
         for i, step in enumerate(self.steps):
             why = self.fallbacks.get(step.eqn.op)
             note = f"  (fallback: {why})" if why else ""
+            launches = self.kernels.get(step.eqn.op)
+            if launches is not None:
+                note += f"  launches: {', '.join(launches) or 'torch operations only'}"
             lines.append(f"  [{i}] {step.eqn.op:<16} -> {_rule_name(step.rule)}{note}")
         used = sorted({s.eqn.op for s in self.steps} & set(self.fallbacks))
         lines += [f"fallback {op}: {self.fallbacks[op]}" for op in used]
         text = "\n".join(lines) + "\n"
-        return text + (self.memory.as_text() if self.memory else "memory: not planned (symbolic dims)\n")
+        if self.memory is None:
+            return text + "memory: not planned (symbolic dims)\n"
+        return text + "memory plan (analysis only, nothing allocates from it): " + self.memory.as_text()
 
 
 def _rule_name(rule: Rule) -> str:
@@ -105,6 +128,4 @@ def lower(graph: Graph, platform: Platform | str) -> Program:
 
         graph = order_for_inplace(graph, plat)
     steps = tuple(LoweredStep(e, plat.rule_for(e, f"{where}eqn {i} ")) for i, e in enumerate(graph.eqns))
-    concrete = not graph.symbols
-    memory = plan_memory(graph) if concrete else None
-    return Program(graph, plat.name, steps, memory, plat.fallbacks, plat.inplace, plat)
+    return Program(graph, plat.name, steps, plat.fallbacks, plat.inplace, plat.kernels, plat)

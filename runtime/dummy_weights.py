@@ -89,7 +89,7 @@ def random_serving_weights(
     device: str = "cuda",
     *,
     dspark: bool = False,
-    host_min_bytes: int = placement.HOST_MIN_BYTES,
+    host_min_bytes: int | None = None,
 ) -> dict[str, Tensor]:
     """The step graph's weight inputs (serving numerics) on `device`; DSpark (`mtp.*`) ones with `dspark`.
     On a CUDA device Engram tables of >= host_min_bytes are returned pinned on the host, as Session
@@ -99,7 +99,7 @@ def random_serving_weights(
     def make(name: str, spec: TensorSpec) -> Stored:
         stored = _stored(cfg, name, spec, gen)
         if torch.device(device).type == "cuda" and placement.is_host_table(name):
-            return _host_table(stored, host_min_bytes)
+            return _host_table(stored, placement.host_min_bytes(host_min_bytes))
         return stored
 
     out = _serving_layout(cfg, make, dspark=dspark)

@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
 from dsgraph.models.deepseek_v41.config import load_config
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
-from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.platform.cuda.execute import resolve_device
+from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
@@ -34,7 +33,7 @@ from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_m
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan, model_inputs
-from dsgraph.runtime.session import CacheSizes, Session, size_caches
+from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_engine import SeqInfo, SpecDecoder, Verified
 from dsgraph.runtime.spec_setup import SpecSetup, setup_spec
 from dsgraph.runtime.structured.state import StructuredState
@@ -117,8 +116,8 @@ class Engine:
         self.tokenizer = load_tokenizer(root, cfg.text.vocab_size)
         token_map, _ = build_token_map(self.tokenizer)
         num = numerics_for(config.numerics)
-        max_len = _checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
-        weights = _load_weights(root, cfg, config, num, token_map)
+        max_len = checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
+        weights = load_weights(root, cfg, config, num, token_map)
         if rank is not None:
             weights = rank.local_weights(weights)
         drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
@@ -167,12 +166,7 @@ class Engine:
             rank.bind(self)
 
     def _cache_sizes(self) -> CacheSizes:
-        c, geo = self.config, self.model.geo
-        if c.cache_budget_bytes is not None:
-            return size_caches(self.model, c.max_num_seqs, c.cache_budget_bytes)
-        return CacheSizes(
-            c.max_num_seqs, {r: geo.pages_per_seq(r) * c.max_num_seqs for r in ratios(self.model.plans)}
-        )
+        return cache_sizes(self.model, self.config)
 
     def add_request(
         self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
@@ -553,19 +547,6 @@ class Engine:
         return text
 
 
-def _load_weights(
-    root: Path, cfg, config: EngineConfig, num, token_map: list[int]
-) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
-    """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
-    generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
-    if config.load_format == "dummy":
-        from dsgraph.runtime.dummy_weights import dummy_weights
-
-        return dummy_weights(cfg, num, token_map, device=config.platform)
-    checkpoint = load_checkpoint(root, cfg, progress=True, check_finite=config.check_weights)
-    return prepare_weights(cfg, checkpoint, num, token_map)
-
-
 def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:
     """Per request, the sample rows whose tokens it emits, in order (the first num_emitted rows of its
     sequence; one per sampling sequence without num_emitted)."""
@@ -594,13 +575,3 @@ def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> S
     lp = torch.log_softmax(logits[rows.to(logits.device)].float(), -1).cpu()  # the samples are on the host
     logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
     return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)
-
-
-def _checked_max_len(requested: int, max_positions: int) -> int:
-    """max_model_len as configured; above the model's positions it is an error, never a silent cap."""
-    if requested > max_positions:
-        raise ValueError(
-            f"max_model_len: {requested}, expected at most {max_positions} "
-            "(the model's max_position_embeddings)"
-        )
-    return requested

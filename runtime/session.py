@@ -1,5 +1,8 @@
 """A Session owns one rank's weights, cache memory and lowered step programs; `run(step)` executes one
-step. Programs are lowered once per bucket (the concrete sizes of the step's symbolic dims) and reused:
+step. The public face (docs/session.md): `Session.from_checkpoint(dir, config)`, `open_sequence()`,
+`new_step().add(seq, ids).build()` (runtime/step_builder.py) and `run(step)` -> logits.
+
+Programs are lowered once per bucket (the concrete sizes of the step's symbolic dims) and reused:
 `programs_built` counts lowerings, so a repeated bucket never re-lowers.
 
 On the cpu platform a step runs as given and the caches are replaced by the step's cache outputs. On the
@@ -25,7 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -38,10 +42,14 @@ from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.cuda.execute import resolve_device
-from dsgraph.platform.cuda.placement import HOST_MIN_BYTES, place_weights
+from dsgraph.platform.cuda.placement import place_weights
 from dsgraph.platform.registry import Platform, Program, lower
 from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
+from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 from dsgraph.runtime.step_padding import bucket_size, pad_step
+
+if TYPE_CHECKING:
+    from dsgraph.runtime.engine_config import EngineConfig
 
 Array = torch.Tensor | np.ndarray
 
@@ -117,7 +125,7 @@ class Session:
         device: torch.device | str | None = None,
         capture: bool = True,
         capture_max_tokens: int = CAPTURE_MAX_TOKENS,
-        host_min_bytes: int = HOST_MIN_BYTES,
+        host_min_bytes: int | None = None,
     ) -> None:
         from dsgraph.models.deepseek_v41.weights import weight_types
         from dsgraph.runtime.spec_draft import target_weights
@@ -133,7 +141,8 @@ class Session:
         self.device = resolve_device(device if device is not None else name)
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(weights, model.dspark)
-        # On a CUDA device Engram tables of >= host_min_bytes stay in pinned host memory (read over PCIe)
+        # On a CUDA device Engram tables of >= host_min_bytes (default: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
+        # stay in pinned host memory (read over PCIe)
         placed = place_weights(target, self.device, host_min_bytes)
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self._weight_types = weight_types(target, backbone_only=False)
@@ -156,6 +165,50 @@ class Session:
         self.captures = 0
         self.pool: Any = None
         self.last_debug: dict[str, torch.Tensor] = {}
+        self.tokenizer: Any = None  # the checkpoint's tokenizer (set by from_checkpoint)
+        self._seqs: CachePool | None = None
+
+    @classmethod
+    def from_checkpoint(
+        cls, model_dir: str | Path | None = None, config: EngineConfig | None = None
+    ) -> Session:
+        """A session over the checkpoint in `model_dir` (config.json, tokenizer.json, safetensors; None:
+        the embedded tiny random checkpoint, as `LLM()`) with the options of `config` that shape one
+        (numerics, platform, max_model_len, max_num_seqs, page_size, cache_budget_bytes, load_format,
+        check_weights); its `tokenizer` is the checkpoint's. Drafting, scheduling and serving options are
+        the engine's and do not apply here."""
+        from dsgraph.runtime.checkpoint_load import build_target, cache_sizes, load_model_dir
+        from dsgraph.runtime.engine_config import EngineConfig
+
+        if model_dir is None:
+            from dsgraph.tools.generate_cmd import default_model_dir
+
+            model_dir = default_model_dir()
+        config = EngineConfig() if config is None else config
+        resolve_device(config.platform)  # an absent device fails here, before any weight is read
+        loaded = load_model_dir(Path(model_dir), config)
+        model = build_target(loaded, config)
+        session = cls(model, loaded.weights, cache_sizes(model, config), platform=config.platform)
+        session.tokenizer = loaded.tokenizer
+        return session
+
+    def open_sequence(self) -> SeqState:
+        """A new sequence with a state slot of its own (`CachePoolError` when every slot is held)."""
+        if self._seqs is None:
+            self._seqs = CachePool(self.model, self.cache_sizes.num_slots, self.cache_sizes.num_pages)
+        return self._seqs.open()
+
+    def close_sequence(self, seq: SeqState) -> None:
+        """Hand back the sequence's slot and pages."""
+        if self._seqs is None:
+            raise ValueError("close_sequence: this session opened no sequence")
+        self._seqs.close(seq)
+
+    def new_step(self) -> StepBuilder:
+        """A builder of the next step over sequences of `open_sequence` (runtime/step_builder.py)."""
+        if self._seqs is None:
+            raise ValueError("new_step: open a sequence first (Session.open_sequence)")
+        return StepBuilder(self.model, self._seqs)
 
     def _sizes(self, step: Mapping[str, Array]) -> dict[str, int]:
         sizes = dict(self.cache_sizes.sizes())
@@ -182,10 +235,15 @@ class Session:
             self.programs_built += 1
         return self.programs[key]
 
-    def run(self, step: Mapping[str, Array], fix: InputFix | None = None) -> torch.Tensor:
-        """Execute one step (inputs of `V41Model.step_types()` by name); returns logits [outs, vocab]
-        (on cuda a view of the bucket's static buffer, valid until the next step). `fix`: tokens to take
-        from the previous step's device samples before the step runs (overlapped scheduling)."""
+    def run(self, step: Mapping[str, Array] | Step, fix: InputFix | None = None) -> torch.Tensor:
+        """Execute one step (a built `Step`, or inputs of `V41Model.step_types()` by name); returns logits
+        [outs, vocab] (on cuda a view of the bucket's static buffer, valid until the next step). A `Step`'s
+        sequences then hold its tokens. `fix`: tokens to take from the previous step's device samples
+        before the step runs (overlapped scheduling)."""
+        if isinstance(step, Step):
+            logits = self.run(step.inputs, fix)
+            step.commit()
+            return logits
         if self.on_device:
             return self._run_device(step, fix)
         tensors = {

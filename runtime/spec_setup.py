@@ -5,7 +5,6 @@ buckets and the device; runtime/spec_schedule.py)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from tqdm import tqdm
 
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
+from dsgraph.platform import env
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_draft import has_dspark_stages
 from dsgraph.runtime.spec_engine import SpecDecoder
@@ -105,7 +105,7 @@ class SpecSetup:
 
 
 def curve_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsgraph" / "curves"
+    return env.cache_home() / "dsgraph" / "curves"
 
 
 def profile_inputs(model: Any, n: int) -> dict[str, np.ndarray]:

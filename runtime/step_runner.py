@@ -1,25 +1,18 @@
-"""A minimal step driver over the cpu platform: cache memory, per-request slots and pages, and the
-step inputs of the flat-batch layout. Tests and the oracle comparisons use it; the C++ scheduler of
-the runtime issue plans steps the same way and replaces the Python bookkeeping here.
+"""A minimal step driver over the cpu platform, keyed by request id: the slots, pages and step inputs of
+`runtime/step_builder.py` with every row's logits. Tests and the oracle comparisons use it; the engine's
+C++ scheduler plans steps the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.runtime.session import CacheSizes, Session
-
-
-@dataclass
-class Request:
-    slot: int
-    tokens: list[int] = field(default_factory=list)  # tokens already in the caches
-    pages: dict[int, list[int]] = field(default_factory=dict)  # ratio -> physical pages
+from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 
 
 class StepRunner:
@@ -35,69 +28,40 @@ class StepRunner:
         debug: bool = False,
     ) -> None:
         self.model = model
-        self.session = Session(
-            model, weights, CacheSizes(num_slots, {r: num_pages for r in ratios(model.plans)}), debug=debug
-        )
-        self.free_slots = list(range(num_slots))
-        self.free_pages = {r: list(range(num_pages)) for r in ratios(model.plans)}
-        self.requests: dict[int, Request] = {}
+        sizes = CacheSizes(num_slots, {r: num_pages for r in ratios(model.plans)})
+        self.session = Session(model, weights, sizes, debug=debug)
+        self.pool = CachePool(model, sizes.num_slots, sizes.num_pages)
+        self.requests: dict[int, SeqState] = {}
         self.steps = 0
 
-    def add(self, rid: int) -> None:
-        self.requests[rid] = Request(self.free_slots.pop(0))
+    @property
+    def free_slots(self) -> list[int]:
+        return self.pool.free_slots
 
-    def _pages(self, req: Request, end: int) -> dict[int, list[int]]:
-        page = self.model.geo.page_size
-        for r in ratios(self.model.plans):
-            need = -(-(end // r) // page)
-            owned = req.pages.setdefault(r, [])
-            while len(owned) < need:
-                owned.append(self.free_pages[r].pop(0))
-        return req.pages
+    def add(self, rid: int) -> None:
+        self.requests[rid] = self.pool.open()
+
+    def _build(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> Step:
+        builder = StepBuilder(self.model, self.pool)
+        for rid, new in chunks:
+            builder.add(self.requests[rid], new, logits="all")
+        return builder.build()
 
     def step_inputs(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> dict[str, torch.Tensor]:
-        geo, m = self.model.geo, self.model.cfg.text.engram_max_ngram_size - 1
-        cols: dict[str, list] = {
-            k: []
-            for k in ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")
-        }
-        tables: dict[int, list[list[int]]] = {r: [] for r in ratios(self.model.plans)}
-        for s, (rid, new) in enumerate(chunks):
-            req = self.requests[rid]
-            start = len(req.tokens)
-            cols["token_ids"] += list(new)
-            cols["positions"] += range(start, start + len(new))
-            cols["seq_ids"] += [s] * len(new)
-            cols["seq_slot"].append(req.slot)
-            cols["seq_start"].append(start)
-            cols["seq_end"].append(start + len(new))
-            cols["lookback"].append([req.tokens[-1 - i] if i < start else -1 for i in range(m)])
-            for r, pages in self._pages(req, start + len(new)).items():
-                width = geo.pages_per_seq(r)
-                tables[r].append(pages + [-1] * (width - len(pages)))
-        out = {k: torch.tensor(v, dtype=torch.int32) for k, v in cols.items()}
-        for r, rows in tables.items():
-            out[f"block_table_r{r}"] = torch.tensor(rows, dtype=torch.int32)
-        out["sample_rows"] = torch.arange(len(cols["token_ids"]), dtype=torch.int32)
-        out["is_replay"] = torch.zeros(len(cols["token_ids"]), dtype=torch.int32)
-        # No prefix cache here: every request holds its SWA keys from position 0.
-        out["seq_window_start"] = torch.zeros(len(chunks), dtype=torch.int32)
-        return out
+        """The inputs of a step over (request id, new token ids) chunks, every row's logits wanted."""
+        return self._build(chunks).inputs
 
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
         """Run one step over (request id, new token ids) chunks; returns each chunk's logits [len, V]."""
-        logits = self.session.run(self.step_inputs(chunks))
-        for rid, new in chunks:
-            self.requests[rid].tokens += list(new)
+        step = self._build(chunks)
+        logits = self.session.run(step.inputs)
+        step.commit()
         self.steps += 1
-        return list(torch.split(logits, [len(new) for _, new in chunks]))
+        return step.split(logits)
 
     def release(self, rid: int) -> None:
         """Return request `rid`'s slot and pages (their contents stay until another request writes them)."""
-        req = self.requests.pop(rid)
-        self.free_slots.append(req.slot)
-        for r, pages in req.pages.items():
-            self.free_pages[r] += pages
+        self.pool.close(self.requests.pop(rid))
 
     def rollback(self, rid: int, length: int) -> None:
         """Keep the first `length` tokens of request `rid` (a verify step's committed length); forget the

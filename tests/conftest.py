@@ -19,3 +19,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="gpu test: torch.cuda.is_available() is False")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite the golden dumps under tests/golden from the current code (the diff is the review)",
+    )
+
+
+@pytest.fixture
+def update_goldens(request: pytest.FixtureRequest) -> bool:
+    """Whether this run rewrites the golden files (`--update-goldens`) instead of comparing them."""
+    return bool(request.config.getoption("--update-goldens"))

@@ -4,8 +4,8 @@ MASTER_ADDR / MASTER_PORT)."""
 from __future__ import annotations
 
 import argparse
-import os
 
+from dsgraph.platform import env
 from dsgraph.runtime.distributed.config import EPConfig
 from dsgraph.runtime.distributed.group import Rendezvous
 
@@ -29,8 +29,8 @@ def add_ep_arguments(p: argparse.ArgumentParser) -> None:
 def ep_from_args(args: argparse.Namespace) -> tuple[EPConfig, Rendezvous]:
     """Validated options; SystemExit names the option and the allowed values."""
     try:
-        addr = args.master_addr or os.environ.get("MASTER_ADDR")
-        port = args.master_port if args.master_port is not None else int(os.environ.get("MASTER_PORT", "0"))
+        addr = args.master_addr or str(env.read("MASTER_ADDR")) or None
+        port = args.master_port if args.master_port is not None else int(env.read("MASTER_PORT"))
         if args.nnodes > 1 and not addr:
             raise ValueError(
                 f"--master-addr (or $MASTER_ADDR) is required with --nnodes {args.nnodes}: node 0's address"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from dsgraph.platform import env
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
 from dsgraph.tools.ep_args import add_ep_arguments, ep_from_args
 
@@ -17,7 +17,7 @@ DEFAULT_PROMPT = "w1 W2 w3 w4"
 
 def default_model_dir() -> Path:
     """The embedded default: a tiny random checkpoint in the released format, made once per cache dir."""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dsgraph" / "tiny-v41-seed0"
+    root = env.cache_home() / "dsgraph" / "tiny-v41-seed0"
     if not (root / "config.json").exists():
         from dsgraph.models.deepseek_v41.tiny import make_tiny
 

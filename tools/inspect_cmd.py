@@ -1,4 +1,5 @@
-"""`dsgraph inspect`: print a step's graph at every stage (traced, optimized, specialized, planned)."""
+"""`dsgraph inspect`: print a step's graph at every stage (traced, optimized, specialized, lowered), or
+the diff of two stages, two buckets, or a dump against a saved one (`--diff`, `tools/inspect_diff.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from dataclasses import dataclass
 from dsgraph.graph import Graph, TensorType, format_graph, make_graph, verify
 from dsgraph.graph.passes import cse, dce, specialize
 from dsgraph.platform.registry import lower
+
+STAGES = ("traced", "optimized", "specialized", "lowered")
+PLATFORMS = ("null", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -48,57 +52,86 @@ def _banner(title: str) -> str:
     return f"==== {title} " + "=" * max(0, 60 - len(title))
 
 
-def dump(stages: Stages, platform: str) -> str:
+def stage_texts(stages: Stages, platform: str) -> dict[str, tuple[str, str]]:
+    """Stage name -> (banner title, text), in pipeline order."""
     program = lower(stages.specialized, platform)
-    parts = [
-        _banner("traced"),
-        format_graph(stages.traced),
-        _banner("optimized (cse, dce)"),
-        format_graph(stages.optimized),
-        _banner(f"specialized to bucket {stages.specialized.name}"),
-        format_graph(stages.specialized),
-        _banner(f"lowered and memory-planned on {platform}"),
-        program.as_text(),
-    ]
-    return "\n".join(parts)
+    return {
+        "traced": ("traced", format_graph(stages.traced)),
+        "optimized": ("optimized (cse, dce)", format_graph(stages.optimized)),
+        "specialized": (f"specialized to bucket {stages.specialized.name}", format_graph(stages.specialized)),
+        "lowered": (f"lowered and memory-planned on {platform}", program.as_text()),
+    }
+
+
+def dump(stages: Stages, platform: str, only: str | None = None) -> str:
+    """Every stage under its banner, or the text of stage `only` alone."""
+    texts = stage_texts(stages, platform)
+    if only is not None:
+        return texts[only][1]
+    return "\n".join(f"{_banner(title)}\n{text}" for title, text in texts.values())
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="print a step's graph at each stage")
+    p = sub.add_parser("inspect", help="print a step's graph at each stage, or diff two of them")
     p.add_argument("--example", action="store_true", help="use the built-in example function")
     p.add_argument("--model", help="model directory (config.json); traces the model's step")
-    p.add_argument("--step", default="decode", help="step kind to trace (with --model)")
+    p.add_argument(
+        "--step", default="decode", help="step kind with --model: decode, prefill, verify or draft"
+    )
     p.add_argument("--tokens", type=int, default=8, help="bucket size for the symbolic token dim")
     p.add_argument("--seqs", type=int, default=None, help="bucket size for the symbolic sequence dim")
     p.add_argument(
         "--pages", type=int, default=16, help="cache pages per compressed-cache pool (with --model)"
     )
-    p.add_argument("--platform", default="null", choices=["null", "cpu"], help="platform to lower onto")
+    p.add_argument(
+        "--platform",
+        default="null",
+        choices=PLATFORMS,
+        help="platform to lower onto; cuda lowers without a GPU and names each op's kernel",
+    )
+    p.add_argument("--stage", choices=STAGES, help="print only this stage")
+    p.add_argument(
+        "--diff",
+        nargs="+",
+        metavar="SIDE",
+        help="diff two sides, each STAGE[@KEY=N,...] (KEY: tokens, seqs, pages, platform=NAME) or a "
+        "saved dump FILE; one side: FILE against the current dump. Exit status 1 when they differ",
+    )
     p.set_defaults(func=main)
 
 
 def bucket_sizes(
-    symbols: frozenset[str], kind: str, tokens: int, seqs: int | None, pages: int
+    symbols: frozenset[str], kind: str, tokens: int, seqs: int | None, pages: int, block: int = 1
 ) -> dict[str, int]:
-    """Concrete sizes for a dump: decode has one row per sequence, prefill one sequence by default."""
-    seqs = seqs or (tokens if kind in ("decode", "example") else 1)
-    rows = seqs if kind == "decode" else tokens
-    sizes = {"tokens": rows, "seqs": seqs, "outs": seqs, "slots": seqs}
+    """Concrete sizes for a dump: decode and draft have one row per sequence (draft: `block` rows), prefill
+    one sequence by default, verify `tokens` rows over `seqs` sequences; every row's logits for verify."""
+    seqs = seqs or (tokens if kind in ("decode", "example", "draft") else 1)
+    rows = {"decode": seqs, "draft": seqs * block}.get(kind, tokens)
+    outs = rows if kind == "verify" else seqs
+    sizes = {"tokens": rows, "seqs": seqs, "outs": outs, "slots": seqs}
     sizes.update({s: pages for s in symbols if s.startswith("blocks")})
     return {k: v for k, v in sizes.items() if k in symbols}
 
 
-def main(args: argparse.Namespace) -> int:
+def load_graph(args: argparse.Namespace) -> tuple[Graph, str, int]:
+    """The graph to inspect, its step kind and the draft block size (1 unless drafting)."""
     if args.model:
+        from dsgraph.models.deepseek_v41.config import load_config
         from dsgraph.tools.model_graphs import trace_model_step
 
-        graph = trace_model_step(args.model, args.step)
-    elif args.example:
-        graph = example_graph()
-    else:
-        raise SystemExit("dsgraph inspect: give --example or --model DIR")
-    sizes = bucket_sizes(
-        graph.symbols, args.step if args.model else "example", args.tokens, args.seqs, args.pages
-    )
-    print(dump(run_stages(graph, sizes), args.platform), end="")
+        block = load_config(args.model).text.dspark_block_size if args.step == "draft" else 1
+        return trace_model_step(args.model, args.step), args.step, block
+    if args.example:
+        return example_graph(), "example", 1
+    raise SystemExit("dsgraph inspect: give --example or --model DIR")
+
+
+def main(args: argparse.Namespace) -> int:
+    graph, kind, block = load_graph(args)
+    if args.diff:
+        from dsgraph.tools.inspect_diff import run_diff
+
+        return run_diff(args, graph, kind, block)
+    sizes = bucket_sizes(graph.symbols, kind, args.tokens, args.seqs, args.pages, block)
+    print(dump(run_stages(graph, sizes), args.platform, args.stage), end="")
     return 0

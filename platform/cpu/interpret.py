@@ -100,7 +100,7 @@ def run_program(
         env[var.id] = value
     # literals go where the inputs are (a device-agnostic rule may combine them with any operand)
     device = values[0].device if values else torch.device("cpu")
-    if program.memory is None:  # lowered with symbolic dims (no memory plan): shape params may hold them,
+    if not program.is_concrete:  # lowered with symbolic dims: shape params may hold them,
         # so run the graph specialized to the sizes the inputs bound
         program = lower(specialize(graph, sizes), program.source or program.platform)
     for i, step in enumerate(program.steps):

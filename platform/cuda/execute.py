@@ -15,7 +15,6 @@ it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from dsgraph.graph.ir import Lit, Var
+from dsgraph.platform import env as dsgraph_env
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import ExecutionError, bind, check_results, literal, where
 from dsgraph.platform.cuda.side_stream import SidePlan, plan_side_stream, reorder
@@ -77,9 +77,9 @@ class DeviceProgram:
         """`side_stream`: hoist the host-table gathers (see the module doc); False keeps the program's order
         on one stream; None: on unless DSGRAPH_SIDE_STREAM=0."""
         if side_stream is None:
-            side_stream = os.environ.get("DSGRAPH_SIDE_STREAM", "1") != "0"
+            side_stream = dsgraph_env.side_stream()
         graph = program.graph
-        if program.memory is None:
+        if not program.is_concrete:
             raise ExecutionError(
                 f"program {graph.name}: symbolic dims {sorted(graph.symbols)}; specialize the graph to a "
                 "bucket before running it on a device"

@@ -17,7 +17,6 @@ in place is copied into pinned memory once.
 
 from __future__ import annotations
 
-import os
 import re
 import weakref
 from collections.abc import Mapping
@@ -25,9 +24,11 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from dsgraph.platform import env
+
 __all__ = [
-    "HOST_MIN_BYTES",
     "device_view",
+    "host_min_bytes",
     "host_of",
     "host_resident",
     "host_tables",
@@ -36,10 +37,6 @@ __all__ = [
     "place_weights",
 ]
 
-# Tables of at least this many bytes stay on the host by default: the bench and released tables (GBs)
-# do, the tiny test models' (KBs) stay in device memory where a gather costs nothing.
-# DSGRAPH_ENGRAM_HOST_MIN_BYTES overrides it (a huge value keeps every table on the device).
-HOST_MIN_BYTES = int(os.environ.get("DSGRAPH_ENGRAM_HOST_MIN_BYTES", 1 << 30))
 _TABLE = re.compile(r"(?:weights\.)?layers\.\d+\.engram\.embed\.(?:weight|scale)")
 _REGISTER_PORTABLE_MAPPED = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _VIEW_OF: dict[int, Tensor] = {}  # id(device view) -> the host tensor it aliases (weak on the view)
@@ -51,13 +48,19 @@ def is_host_table(name: str) -> bool:
     return _TABLE.fullmatch(name) is not None
 
 
-def host_resident(name: str, nbytes: int, min_bytes: int = HOST_MIN_BYTES) -> bool:
+def host_min_bytes(min_bytes: int | None = None) -> int:
+    """`min_bytes`, or by default DSGRAPH_ENGRAM_HOST_MIN_BYTES (1 GiB): the bench and released tables
+    (GBs) stay on the host, the tiny test models' (KBs) in device memory where a gather costs nothing."""
+    return env.engram_host_min_bytes() if min_bytes is None else min_bytes
+
+
+def host_resident(name: str, nbytes: int, min_bytes: int | None = None) -> bool:
     """The placement rule: an Engram table (or its scales) of at least `min_bytes` stays in pinned host
     memory. A table's scales follow their table (pass the table's size for both)."""
-    return is_host_table(name) and nbytes >= min_bytes
+    return is_host_table(name) and nbytes >= host_min_bytes(min_bytes)
 
 
-def host_tables(weights: Mapping[str, Tensor], min_bytes: int = HOST_MIN_BYTES) -> frozenset[str]:
+def host_tables(weights: Mapping[str, Tensor], min_bytes: int | None = None) -> frozenset[str]:
     """Names of `weights` that stay on the host: the Engram tables of >= min_bytes and their scales."""
     out = set()
     for name, t in weights.items():
@@ -129,7 +132,7 @@ def host_of(view: Tensor) -> Tensor | None:
 
 
 def place_weights(
-    weights: Mapping[str, Tensor], device: torch.device, min_bytes: int = HOST_MIN_BYTES
+    weights: Mapping[str, Tensor], device: torch.device, min_bytes: int | None = None
 ) -> dict[str, Tensor]:
     """Every weight on `device`, except on a CUDA device the `host_tables` ones: pinned on the host and
     handed over as their `device_view`."""

@@ -2,18 +2,19 @@
 their in-place form, then the `RULES` of every `dsgraph.platform.cuda.kernels.*` module over them.
 
 A kernel module that fails to import (no triton, no GPU toolchain) is skipped: its ops keep the cpu rule,
-and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why. So is a module
-that says `GPU_VERIFIED = False` (its tests have passed only under Triton's CPU interpreter so far), unless
-the environment sets DSGRAPH_CUDA_KERNELS=all: a kernel joins the default table once it has passed its
-tests on a GPU.
+and `FALLBACKS` (shown by `Program.as_text` and `dsgraph inspect`) says which ops and why. The tests do
+not accept that: tests/cuda/test_kernel_imports.py fails when any kernel module does not import where
+triton is installed, and the kernel tests refuse to compare an op that has no kernel rule.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
-import os
 import pkgutil
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import dsgraph.ops  # noqa: F401  (declares the ops)
 from dsgraph.graph.ir import Eqn
 from dsgraph.platform.cpu.rules_cache import INPLACE_RULES
 from dsgraph.platform.cpu.target import PLATFORM as CPU
+from dsgraph.platform.cuda.kernel_config import KernelConfig
 from dsgraph.platform.registry import Platform, Rule
 
 KERNELS_PACKAGE = "dsgraph.platform.cuda.kernels"
@@ -57,13 +59,10 @@ def _declared_ops(path: Path) -> list[str]:
 
 
 def kernel_rules(
-    package_name: str = KERNELS_PACKAGE, *, include_unverified: bool | None = None
+    package_name: str = KERNELS_PACKAGE,
 ) -> tuple[dict[str, Rule], dict[str, str], dict[str, str]]:
     """(op -> kernel rule, op -> fallback reason, kernel module -> import error) over the modules of
-    `package_name` (`kernels/*.py`). `include_unverified` (default: DSGRAPH_CUDA_KERNELS=all) also takes
-    the modules with `GPU_VERIFIED = False`."""
-    if include_unverified is None:
-        include_unverified = os.environ.get("DSGRAPH_CUDA_KERNELS") == "all"
+    `package_name` (`kernels/*.py`)."""
     rules: dict[str, Rule] = {}
     fallbacks: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -81,21 +80,45 @@ def kernel_rules(
             for op in _declared_ops(origin):
                 fallbacks[op] = f"kernels.{info.name} did not import ({errors[info.name]}); the cpu rule runs"
             continue
-        if not getattr(module, "GPU_VERIFIED", True) and not include_unverified:
-            for op in getattr(module, "RULES", {}):
-                fallbacks[op] = f"kernels.{info.name} is not yet verified on a GPU (DSGRAPH_CUDA_KERNELS=all)"
-            continue
         rules.update(getattr(module, "RULES", {}))
     return rules, fallbacks, errors
 
 
+def kernel_launches(rules: Mapping[str, Rule]) -> dict[str, tuple[str, ...]]:
+    """op -> the Triton kernels its kernel rule may launch: the `KERNELS` table of the rule's module."""
+    return {
+        op: tuple(getattr(sys.modules[r.__module__], "KERNELS", {}).get(op, ())) for op, r in rules.items()
+    }
+
+
+def _bind(rule: Rule, **choice: str) -> Rule:
+    """`rule` with its variant keyword fixed; keeps the rule's name (program dumps name the rule)."""
+    return functools.wraps(rule)(lambda p, *operands: rule(p, *operands, **choice))
+
+
+def bound_rules(rules: Mapping[str, Rule], config: KernelConfig) -> dict[str, Rule]:
+    """The kernel rules with `config`'s variants bound into the rules that take one."""
+    choices = {
+        "attention": {"tiling": config.attention_tiling},
+        "moe_experts": {"variant": config.moe_variant},
+    }
+    return {op: _bind(r, **choices[op]) if op in choices else r for op, r in rules.items()}
+
+
+def cuda_platform(config: KernelConfig | None = None) -> Platform:
+    """The cuda platform running `config`'s kernel variants (default: KernelConfig())."""
+    rules = bound_rules(KERNEL_RULES, KernelConfig() if config is None else config)
+    return Platform(
+        "cuda",
+        {**CPU.rules, **INPLACE_RULES, **rules},
+        unsupported=CPU.unsupported,
+        fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
+        inplace=INPLACE,
+        kernels=kernel_launches(KERNEL_RULES),
+    )
+
+
 KERNEL_RULES, FALLBACKS, IMPORT_ERRORS = kernel_rules()
-PLATFORM = Platform(
-    "cuda",
-    {**CPU.rules, **INPLACE_RULES, **KERNEL_RULES},
-    unsupported=CPU.unsupported,
-    fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
-    inplace=INPLACE,
-)
+PLATFORM = cuda_platform()
 # the platform without kernel modules: what the cuda platform runs where no kernel applies (tests)
 DEFAULTS = Platform("cuda", {**CPU.rules, **INPLACE_RULES}, unsupported=CPU.unsupported, inplace=INPLACE)

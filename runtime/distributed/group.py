@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from dsgraph.platform import env as dsgraph_env
 from dsgraph.platform.registry import Platform
 from dsgraph.runtime.distributed.exchange import ExpertExchange
 
@@ -60,11 +60,12 @@ class Rendezvous:
 
 def from_env(env: Mapping[str, str] | None = None) -> tuple[Rendezvous, int, int]:
     """torchrun's environment -> (rendezvous, rank, world size); a missing variable is named."""
-    env = os.environ if env is None else env
-    missing = [v for v in RENDEZVOUS_ENV if not env.get(v)]
+    values = {v: dsgraph_env.read(v, env) for v in RENDEZVOUS_ENV}
+    missing = [v for v in RENDEZVOUS_ENV if values[v] == dsgraph_env.VARS[v].default]
     if missing:
         raise ValueError(f"torchrun rendezvous: {missing} not set; needs all of {list(RENDEZVOUS_ENV)}")
-    return Rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"])), int(env["RANK"]), int(env["WORLD_SIZE"])
+    rv = Rendezvous(str(values["MASTER_ADDR"]), int(values["MASTER_PORT"]))
+    return rv, int(values["RANK"]), int(values["WORLD_SIZE"])
 
 
 def init_group(rv: Rendezvous, rank: int, ep: int, backend: str, timeout_s: float) -> None:
@@ -81,4 +82,4 @@ def init_group(rv: Rendezvous, rank: int, ep: int, backend: str, timeout_s: floa
 def group_platform(base: Platform, exchange: ExpertExchange) -> Platform:
     """`base`'s rules with dispatch/combine bound to the group (the model graph is unchanged)."""
     rules = {**base.rules, "moe_dispatch": exchange.dispatch, "moe_combine": exchange.combine}
-    return Platform(base.name, rules, base.executes, base.unsupported, base.fallbacks, base.inplace)
+    return dataclasses.replace(base, rules=rules)

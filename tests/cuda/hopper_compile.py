@@ -105,6 +105,7 @@ def _attention(head_dim: int, dtype: str, variants: list[str] | None = None) -> 
     """The kernels at the tiles attention.launch picks for each tiling in `variants` (default: the active
     one; f32 queries take smaller tiles). Register spills are printed, not refused: the attention
     tilings are ranked by attn_sweep's timings."""
+    from dsgraph.platform.cuda.kernel_config import ATTENTION_TILING
     from dsgraph.platform.cuda.kernels import attention as rule
 
     dot = 0 if dtype == "fp32" else 1
@@ -115,7 +116,7 @@ def _attention(head_dim: int, dtype: str, variants: list[str] | None = None) -> 
     sizes = {**{name: "i32" for name in SIZES}, "scale_log2": "fp32"}
     state = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}
     fused = {**inputs, "sink_ptr": "*fp32", **step, "out_ptr": f"*{dtype}", **sizes}
-    for name in variants or [rule.VARIANT]:
+    for name in variants or [ATTENTION_TILING]:
         t = rule.VARIANTS[name]
         block_h, block_n = (
             (16, min(t.block_n, rule.F32_BLOCK_N)) if dtype == "fp32" else (t.block_h, t.block_n)

@@ -67,18 +67,13 @@ def compare_rules(
     cuda_rule: Any = None,
     tol: tuple[float, float] | None = None,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Run `op`'s cuda rule (its kernel module's, also one the platform does not use yet because it is not
-    GPU-verified; else the cuda platform's; or `cuda_rule`) on DEVICE copies of `args` and its cpu rule on
-    CPU copies; assert every result matches; returns (cuda results, cpu results)."""
+    """Run `op`'s kernel rule (its kernel module's `RULES`, or `cuda_rule`) on DEVICE copies of `args` and
+    its cpu rule on CPU copies; assert every result matches; returns (cuda results, cpu results). An op
+    without a kernel rule fails: the cuda platform would run the cpu rule there, and a cpu rule compared
+    with itself proves nothing."""
     from dsgraph.platform.cpu.target import PLATFORM as CPU
-    from dsgraph.platform.cuda.target import PLATFORM as CUDA
-    from dsgraph.platform.cuda.target import kernel_rules
 
-    rule = (
-        cuda_rule
-        if cuda_rule is not None
-        else kernel_rules(include_unverified=True)[0].get(op, CUDA.rules[op])
-    )
+    rule = cuda_rule if cuda_rule is not None else kernel_rule(op)
     got = as_tuple(rule(params, *on_device(args)))
     want = as_tuple(CPU.rules[op](params, *on_device(args, "cpu")))
     if len(got) != len(want):
@@ -88,3 +83,13 @@ def compare_rules(
             raise AssertionError(f"{op}: result {i} is on {g.device}, expected {DEVICE}")
         assert_matches(g, w, f"{op} result {i}", tol)
     return got, want
+
+
+def kernel_rule(op: str) -> Any:
+    """The kernel rule of `op`; an AssertionError naming the import errors when there is none."""
+    from dsgraph.platform.cuda import target
+
+    if op not in target.KERNEL_RULES:
+        errors = "; ".join(f"kernels.{m}: {e}" for m, e in target.IMPORT_ERRORS.items()) or "none"
+        raise AssertionError(f"{op}: no kernel rule to test (kernel module import errors: {errors})")
+    return target.KERNEL_RULES[op]

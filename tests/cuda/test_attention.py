@@ -12,6 +12,7 @@ an output) and the output is rounded to bf16 (one step of 2^-8 relative either w
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -84,6 +85,7 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, key_max: float) -> None
 
 # Several splits even on tiny shapes.
 SMALL = replace(cuda_attention.VARIANTS["current"], split_tiles=1, block_n=16)
+ATTENTION = cuda_attention.attention  # the rule; a test binds a tiling to it
 
 
 @pytest.mark.parametrize("split", [True, False], ids=["decode", "prefill"])
@@ -169,7 +171,7 @@ def test_a_sequence_gives_the_same_bits_alone_and_in_a_batch_of_7(monkeypatch: p
     """Decode path alone, prefill path in the batch (decode_max_rows lowered): bit-identical rows."""
     tiling = replace(cuda_attention.VARIANTS["current"], decode_max_rows=4, split_tiles=1)
     monkeypatch.setitem(cuda_attention.VARIANTS, "test", tiling)
-    monkeypatch.setattr(cuda_attention, "VARIANT", "test")
+    monkeypatch.setattr(cuda_attention, "attention", functools.partial(ATTENTION, tiling="test"))
     seqs = [(2, 30, 0), (1, 9, 0), (3, 14, 2), (1, 40, 35), (2, 5, 0), (1, 17, 0), (1, 3, 0)]
     p, batch = _step(seqs, heads=4, width=32, window=8, topk=12, dtype=torch.bfloat16, seed=3)
     # Sequence 2 alone: its rows (as sequence 0), its per-sequence values and block table row, no padding.
@@ -230,7 +232,7 @@ def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int, name
 def test_the_cuda_platform_runs_this_rule() -> None:
     from dsgraph.platform.cuda.target import PLATFORM
 
-    assert PLATFORM.rules["attention"] is cuda_attention.attention
+    assert PLATFORM.rules["attention"].__wrapped__ is cuda_attention.attention  # bound to its tiling
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend")

@@ -23,6 +23,7 @@ with their row buckets); a swap variant must really launch its kernels where it 
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,6 +42,8 @@ from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 # Under the interpreter the full matrix runs on the base kernels and the default swap tiles (the other
 # swap variants differ in tiles only: test_every_variant_matches_cpu_rule); on a GPU on every variant.
 VARIANTS = list(cuda_moe.VARIANTS) if ON_GPU else ["base", "swap"]
+# the rule itself: a test runs a variant by replacing cuda_moe.moe_experts with it bound to that variant
+MOE_EXPERTS = cuda_moe.moe_experts
 
 
 def _mxfp4_params(
@@ -56,7 +59,7 @@ def _mxfp4_params(
 @pytest.fixture(params=VARIANTS)
 def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the test with moe_experts on one kernel variant."""
-    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", request.param)
+    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=request.param))
     return request.param
 
 
@@ -152,7 +155,7 @@ def test_moe_experts_matches_cpu_rule(
 @pytest.mark.parametrize("variant_name", list(cuda_moe.VARIANTS))
 def test_every_variant_matches_cpu_rule(variant_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The serving case (W4A8, BF16 GEMM outputs) at 70 rows (two row tiles of one expert) on each variant."""
-    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", variant_name)
+    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=variant_name))
     launches = _swap_launches(monkeypatch)
     gen = torch.Generator().manual_seed(70)
     p = _mxfp4_params(2.0)
@@ -211,7 +214,7 @@ def test_moe_experts_rows_are_batch_invariant_across_the_bucket_switch(
     buckets = cuda_moe.VARIANTS[variant]
     (_, gated, down), rest = buckets[0], buckets[1:]
     monkeypatch.setitem(cuda_moe.VARIANTS, variant, ((8, gated, down), *rest))
-    monkeypatch.setattr(cuda_moe, "EXPERT_VARIANT", variant)
+    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=variant))
     launches = _swap_launches(monkeypatch)
     _check_batch_invariance("fp8_g32")
     assert launches

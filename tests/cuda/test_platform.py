@@ -271,18 +271,3 @@ def test_kernel_env_compares_a_cuda_rule_with_the_cpu_rule() -> None:
 
 class _RmsParams:
     eps = 1e-6
-
-
-def test_kernels_not_yet_verified_on_a_gpu_are_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsgraph.platform.cuda.kernels import mhc
-    from dsgraph.platform.cuda.target import kernel_rules
-
-    monkeypatch.delenv("DSGRAPH_CUDA_KERNELS", raising=False)
-    assert "hc_pre" in kernel_rules()[0] and "attention" in kernel_rules()[0]  # both passed on the H200
-    monkeypatch.setattr(mhc, "GPU_VERIFIED", False)
-    rules, fallbacks, _ = kernel_rules()
-    assert "hc_pre" not in rules and "not yet verified on a GPU" in fallbacks["hc_pre"]
-    assert "attention" in rules
-    monkeypatch.setenv("DSGRAPH_CUDA_KERNELS", "all")
-    rules, fallbacks, _ = kernel_rules()
-    assert "hc_pre" in rules and "hc_pre" not in fallbacks

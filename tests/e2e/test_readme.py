@@ -52,7 +52,8 @@ def _commands(body: str) -> list[str]:
 
 
 def test_the_readme_has_the_blocks_this_test_runs() -> None:
-    assert len(PYTHON) == 2 and any("from dsgraph import LLM" in b for b in PYTHON)
+    assert len(PYTHON) == 3 and any("from dsgraph import LLM" in b for b in PYTHON)
+    assert any("Session.from_checkpoint(" in b for b in PYTHON)  # the Session API snippet
     assert sum(b.count("curl ") for b in SHELL) >= 7
 
 

@@ -1,13 +1,12 @@
 """dsgraph.runtime._native: version, bucket table, padding, and the generated stub under golden test.
 
-Set DSGRAPH_REGEN_GOLDEN=1 to rewrite tests/runtime/golden/_native.pyi and runtime/_native.pyi from
-the built module (then review the diff).
+`pytest --update-goldens` rewrites tests/runtime/golden/_native.pyi and runtime/_native.pyi from the
+built module (then review the diff).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import subprocess
 import sys
 import tomllib
@@ -166,16 +165,16 @@ def generate_stub(out_dir: Path) -> str:
     return stub.read_text()
 
 
-def test_stub_matches_golden(tmp_path: Path) -> None:
+def test_stub_matches_golden(tmp_path: Path, update_goldens: bool) -> None:
     stub = generate_stub(tmp_path)
-    if os.environ.get("DSGRAPH_REGEN_GOLDEN") == "1":
+    if update_goldens:
         GOLDEN_STUB.write_text(stub)
         SHIPPED_STUB.write_text(stub)
-        pytest.skip(f"DSGRAPH_REGEN_GOLDEN=1: rewrote {GOLDEN_STUB} and {SHIPPED_STUB}")
+        pytest.skip(f"--update-goldens: rewrote {GOLDEN_STUB} and {SHIPPED_STUB}")
     assert stub == GOLDEN_STUB.read_text(), (
         f"stub of the built _native differs from {GOLDEN_STUB}; if the change is intended, "
-        "rerun with DSGRAPH_REGEN_GOLDEN=1 and review the diff"
+        "rerun with --update-goldens and review the diff"
     )
     assert SHIPPED_STUB.read_text() == GOLDEN_STUB.read_text(), (
-        f"{SHIPPED_STUB} differs from {GOLDEN_STUB}; rerun with DSGRAPH_REGEN_GOLDEN=1"
+        f"{SHIPPED_STUB} differs from {GOLDEN_STUB}; rerun with --update-goldens"
     )

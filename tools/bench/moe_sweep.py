@@ -25,6 +25,7 @@ import torch
 
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.step_rows import rowwise_linear
+from dsgraph.platform.cuda.kernel_config import MOE_VARIANT
 from dsgraph.platform.cuda.kernels import moe as cuda_moe
 from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps, fp8_gemm_tflops
 from dsgraph.tools.bench.timing import graph_time_ms
@@ -98,21 +99,11 @@ def magnitude(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ws: tup
 
 
 def run_variant(variant: str, args: tuple) -> torch.Tensor:
-    previous = cuda_moe.EXPERT_VARIANT
-    cuda_moe.EXPERT_VARIANT = variant
-    try:
-        return cuda_moe.moe_experts(PARAMS, *args)
-    finally:
-        cuda_moe.EXPERT_VARIANT = previous
+    return cuda_moe.moe_experts(PARAMS, *args, variant=variant)
 
 
 def time_variant(variant: str, args: tuple) -> float:
-    previous = cuda_moe.EXPERT_VARIANT
-    cuda_moe.EXPERT_VARIANT = variant
-    try:
-        return graph_time_ms(lambda: cuda_moe.moe_experts(PARAMS, *args), repeats=10)
-    finally:
-        cuda_moe.EXPERT_VARIANT = previous
+    return graph_time_ms(lambda: cuda_moe.moe_experts(PARAMS, *args, variant=variant), repeats=10)
 
 
 def sweep_rows(rows: int, ws: tuple, cal: dict[str, float], variants: list[str]) -> list[dict[str, Any]]:
@@ -176,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         shape=dict(hidden=HIDDEN, inter=INTER, experts=EXPERTS, topk=TOPK, expert_bytes=expert_bytes()),
         params=vars(PARAMS),
         calibration=cal,
-        default_variant=cuda_moe.EXPERT_VARIANT,
+        default_variant=MOE_VARIANT,
         cases=cases,
         seconds=time.monotonic() - start,
     )

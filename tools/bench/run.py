@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dsgraph.platform import env
 from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench import spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
@@ -35,8 +35,8 @@ from dsgraph.tools.bench.prefill_truncation import truncation_prefill_cases
 
 
 def commit() -> str:
-    if os.environ.get("DSGRAPH_COMMIT"):
-        return os.environ["DSGRAPH_COMMIT"]
+    if env.read("DSGRAPH_COMMIT"):
+        return str(env.read("DSGRAPH_COMMIT"))
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
         return out.stdout.strip()

@@ -3,10 +3,11 @@
 Same signature, dtype and shape as platform/cpu/rules_attention.py `attention`. Two launch paths with
 one arithmetic (see attention_tl.py): up to `decode_max_rows` rows the keys of a row are split over
 programs (rows x head blocks x 2 column halves x splits, then a merge kernel), beyond it one program per
-(row, head block, half) runs every split itself. Tile and split sizes come from the active tiling
-(`VARIANTS[VARIANT]`, fixed per process; f32 queries take smaller tiles: their operands need twice the
-shared memory), so a row's result never depends on the batch. tools/bench/attn_sweep.py times every
-tiling against FlashMLA on the GPU; ptxas register and spill counts per tiling: hopper_compile.py.
+(row, head block, half) runs every split itself. Tile and split sizes come from the tiling
+(`VARIANTS[tiling]`, the platform's `KernelConfig.attention_tiling`; f32 queries take smaller tiles:
+their operands need twice the shared memory), so a row's result never depends on the batch.
+tools/bench/attn_sweep.py times every tiling against FlashMLA on the GPU; ptxas register and spill
+counts per tiling: hopper_compile.py.
 
 Tiling "current" (H200, 64 heads x 512, window 128 + top-k 512): a program decodes each key tile once
 for its 32 heads and keeps one f32 accumulator [32, 256] (its half of the columns). With 32 heads the
@@ -24,15 +25,16 @@ keys as absent and keep every address inside its buffer: a bad step gives wrong 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
+from dsgraph.platform.cuda.kernel_config import ATTENTION_TILING
 
 
 @dataclass(frozen=True)
@@ -64,18 +66,15 @@ VARIANTS: dict[str, Tiles] = {
     "gather": Tiles(gather_scales=True, pair_loads=True, entry_rows=True),
     "h16w4": Tiles(block_h=16, num_warps=4, entry_rows=True),
 }
-# "current": h16w4's decode gain (0.14 ms a step at b1, 8 layers) is smaller than its prefill loss (4k
-# chunk: attention 171 ms against 150 ms, H200 bench at e75edd4 against f991bcd)
-VARIANT = "current"  # the tiling the rule launches: flip here (or set VARIANT before the first step)
 F32_BLOCK_N = 16  # keys per tile for f32 queries (with 16 heads per program)
 ROWS_BLOCK = 128  # top-k slots per program of entry_rows_kernel (elementwise: any value, same bits)
 MERGE_H = 16  # heads per merge program (the merge is elementwise per head: any value gives the same bits)
 
 
-def tiles() -> Tiles:
-    if VARIANT not in VARIANTS:
-        raise ValueError(f"attention: VARIANT is {VARIANT!r}, expected one of {sorted(VARIANTS)}")
-    return VARIANTS[VARIANT]
+def tiles(tiling: str = ATTENTION_TILING) -> Tiles:
+    if tiling not in VARIANTS:
+        raise ValueError(f"attention: tiling {tiling!r}, expected one of {sorted(VARIANTS)}")
+    return VARIANTS[tiling]
 
 
 def _next_pow2(n: int) -> int:
@@ -83,7 +82,7 @@ def _next_pow2(n: int) -> int:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return env.triton_interpreting()
 
 
 def runs_kernels(t: Tensor) -> bool:
@@ -138,12 +137,17 @@ def _check_operands(p: Any, ring: Tensor, operands: tuple[Tensor, ...]) -> None:
         locate_entries("attention", block_table, seq[row], entry, row, pool.shape[1], pool.shape[0])
 
 
-def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor) -> Tensor:
+def attention(
+    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor,
+    tiling: str = ATTENTION_TILING,
+) -> Tensor:  # fmt: skip
+    """`tiling`: a name of VARIANTS (the cuda platform binds its KernelConfig's)."""
     if not runs_kernels(q):
         return rules_attention.attention(p, q, kv, ring, sink, *operands)
     if should_check(q):
         _check_operands(p, ring, operands)
-    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= tiles().decode_max_rows)
+    t = tiles(tiling)
+    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= t.decode_max_rows, tiling=t)
 
 
 def num_splits(window: int, topk_width: int, block_n: int, split_tiles: int) -> int:
@@ -157,7 +161,7 @@ def launch(
     tiling: Tiles | None = None,
 ) -> Tensor:  # fmt: skip
     """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked,
-    with `tiling` (default: VARIANTS[VARIANT])."""
+    with `tiling` (default: the default tiling's)."""
     from dsgraph.platform.cuda.kernels import attention_tl as K
 
     rows, heads, width = q.shape
@@ -208,3 +212,14 @@ def launch(
 
 
 RULES: dict[str, Any] = {"attention": attention}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): top-k entries
+# to pool rows with the tiling's entry_rows, then split programs and their merge up to decode_max_rows rows,
+# else one fused program per row
+KERNELS: dict[str, tuple[str, ...]] = {
+    "attention": (
+        "attention_tl.entry_rows_kernel",
+        "attention_tl.split_kernel",
+        "attention_tl.merge_kernel",
+        "attention_tl.fused_kernel",
+    ),
+}

@@ -107,7 +107,9 @@ def engram_hash(
     return out
 
 
-# tests/cuda/test_engram.py and test_engram_overlap.py pass on the H200 (bench/logs/pytest-cuda-h200-*.log
-# from e40524f on), so the cuda platform runs these rules by default.
-GPU_VERIFIED = True
 RULES: dict[str, Any] = {"engram_hash": engram_hash, "gather_dequant_rows": gather_dequant_rows}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
+KERNELS: dict[str, tuple[str, ...]] = {
+    "engram_hash": ("engram_tl.engram_hash_kernel",),
+    "gather_dequant_rows": ("engram_tl.gather_dequant_rows_kernel",),
+}

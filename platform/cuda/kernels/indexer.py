@@ -124,3 +124,10 @@ RULES: dict[str, Any] = {
     "candidate_mask": candidate_mask,
     "topk_select": topk_select,
 }
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); the
+# selections are torch operations on the device
+KERNELS: dict[str, tuple[str, ...]] = {
+    "index_scores": ("indexer_tl.index_scores_kernel",),
+    "candidate_mask": (),
+    "topk_select": (),
+}

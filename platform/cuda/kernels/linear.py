@@ -17,12 +17,12 @@ the cpu rule. K is cut into ranges (summed apart, then added in order) by the we
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_core, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
 
@@ -103,7 +103,7 @@ def _uses_kernel(p: Any, x: Tensor) -> bool:
         return False
     if p.act_quant == "fp8_g32" and x.shape[-1] % 32:
         return False  # the codec quantizes whole 32-column groups
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or env.triton_interpreting()
 
 
 def dot_kind(act_quant: str, x: Tensor, dense_weight: Tensor | None) -> int:
@@ -167,3 +167,14 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | 
 
 
 RULES: dict[str, Any] = {"linear": linear, "grouped_linear": grouped_linear}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): for FP8
+# weights the operand passes of the plain tile, the GEMM and the reduction of its K splits; for dense
+# weights linear_tl's GEMM
+_LINEAR_KERNELS = (
+    "linear_bf16_tl.qdq_rows_kernel",
+    "linear_bf16_tl.dequant_weight_kernel",
+    "linear_bf16_tl.gemm_kernel",
+    "linear_tl.linear_kernel",
+    "linear_tl.reduce_splits_kernel",
+)
+KERNELS: dict[str, tuple[str, ...]] = {"linear": _LINEAR_KERNELS, "grouped_linear": _LINEAR_KERNELS}

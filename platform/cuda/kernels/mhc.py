@@ -105,6 +105,10 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# Passed tests/cuda on the H200 (bench/logs/pytest-cuda-h200-07aac17.log): on by default.
-GPU_VERIFIED = True
 RULES: dict[str, Any] = {"hc_pre": hc_pre, "hc_collapse": hc_collapse, "hc_expand": hc_expand}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
+KERNELS: dict[str, tuple[str, ...]] = {
+    "hc_pre": ("mhc_tl.hc_pre_partial_kernel", "mhc_tl.hc_pre_kernel"),
+    "hc_collapse": ("mhc_tl.hc_collapse_kernel",),
+    "hc_expand": ("mhc_tl.hc_expand_kernel",),
+}

@@ -10,12 +10,13 @@
   kernel adds a row's expert outputs in increasing expert id, in FP32, the cpu rule's order, and rounds
   once to out_dtype. No host synchronisation except the id range check, which is skipped while a CUDA
   graph is being captured or checks are off (the kernels then treat an id >= E as padding).
-  Variants (VARIANTS, the one run is EXPERT_VARIANT): "base" is the above; the "swap*" ones run the
-  swap-AB kernels of moe_swap_tl.py (weight rows on the dot's M side, BF16 dots of exact products over
-  BLOCK_K columns) for MXFP4 weights with an FP8-g32 or BF16 activation (other cases: base), with tiles
-  chosen by the step's row bucket (BLOCK_T 16 at decode); an extra launch qdq's x once, and the plan
-  runs again when the down GEMM's BLOCK_T differs from the gated one's. A tile set may hand the packed
-  weights to tl.dot_scaled (SwapTiles.scaled: Triton's upcast, the same BF16 values and dots).
+  Variants (VARIANTS; the one run is the platform's `KernelConfig.moe_variant`): "base" is the above;
+  the "swap*" ones run the swap-AB kernels of moe_swap_tl.py (weight rows on the dot's M side, BF16
+  dots of exact products over BLOCK_K columns) for MXFP4 weights with an FP8-g32 or BF16 activation
+  (other cases: base), with tiles chosen by the step's row bucket (BLOCK_T 16 at decode); an extra
+  launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
+  one's. A tile set may hand the packed weights to tl.dot_scaled (SwapTiles.scaled: Triton's upcast,
+  the same BF16 values and dots).
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -23,7 +24,6 @@ Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -32,14 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
+from dsgraph.platform.cuda.kernel_config import MOE_VARIANT
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
 
 __all__ = [
     "DOWN_TILES",
-    "EXPERT_VARIANT",
     "GATED_TILES",
     "RULES",
     "SwapTiles",
@@ -76,7 +77,8 @@ SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
 _BIG = 1 << 62
 _D64, _D128 = SwapTiles(64, 16, 64, 4, 4), SwapTiles(64, 16, 128, 4, 4)  # decode: 16 rows per tile
 _W128 = SwapTiles(128, 16, 128, 8, 4)
-# decode with tl.dot_scaled doing the upcast: two warps per 64 weight rows (the H200 sweep below)
+# decode with tl.dot_scaled doing the upcast: two warps per 64 weight rows
+# (bench/results/moe-sweep-H200-ds-decode-tiles-2.json)
 _DS = SwapTiles(64, 16, 64, 2, 4, scaled=True)
 _PREFILL = (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3))
 VARIANTS: dict[str, SwapBuckets | None] = {
@@ -110,16 +112,10 @@ def _check_variants() -> None:
 
 
 _check_variants()
-# The variant moe_experts runs: flipped after the GPU sweep (tools/bench/moe_sweep.py).
-# From the H200 sweep at 5d68e1c (bench/results/moe-sweep-H200-5d68e1c.json): "swap" is 3.0x (1 row)
-# to 3.7x (64 rows) and 2.8x (4096 rows) faster than "base", within the bound at every size. The decode
-# tiles of "swap_ds" (bench/results/moe-sweep-H200-ds-decode-tiles-2.json, candidate d_ds_64_64_w2s4)
-# are 1.55x (1 row), 1.71x (8) and 1.72x (64, 256) faster than "swap"'s, with the same bits.
-EXPERT_VARIANT = "swap_ds"
 
 
 def _on_device(x: Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or env.triton_interpreting()
 
 
 def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,7 +188,12 @@ def _expert_config(p: Any, a: Tensor, w: Tensor, tiles: tuple[int, int, int, int
     )
 
 
-def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) -> Tensor:
+def moe_experts(
+    p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor, variant: str = MOE_VARIANT
+) -> Tensor:
+    """`variant`: a name of VARIANTS (the cuda platform binds its KernelConfig's)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"moe_experts: variant {variant!r}, expected one of {sorted(VARIANTS)}")
     if not _on_device(x) or (p.weight_format == "dense" and p.act_quant != "none"):
         return rules_moe.moe_experts(p, x, ids, weights, *ws)
     from dsgraph.platform.cuda.kernels import moe_tl
@@ -207,7 +208,7 @@ def moe_experts(p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor) ->
     w1, w3, w2 = (w.contiguous() for w in ws[:3])
     s1, s3, s2 = (s.contiguous().view(torch.uint8) for s in ws[3:]) if fp4 else (None, None, None)
     ids = ids.to(torch.int32).contiguous()
-    buckets = VARIANTS[EXPERT_VARIANT]
+    buckets = VARIANTS[variant]
     if buckets is not None and _swap_covers(p, x):
         return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), buckets)
     plan = _plan(ids, weights.contiguous(), num_experts, GATED_TILES[0])
@@ -279,3 +280,17 @@ def _swap_experts(
 
 
 RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "swiglu": swiglu}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): the gate
+# GEMM through the linear kernel; the plan, the base or swap-AB expert GEMMs (with the swap path's
+# activation qdq) and the combine
+KERNELS: dict[str, tuple[str, ...]] = {
+    "moe_route": ("linear_tl.linear_kernel", "linear_tl.reduce_splits_kernel"),  # the dense gate
+    "moe_experts": (
+        "moe_tl.plan_kernel",
+        "moe_tl.expert_gemm_kernel",
+        "moe_swap_tl.qdq_rows_kernel",
+        "moe_swap_tl.swap_gemm_kernel",
+        "moe_tl.combine_kernel",
+    ),
+    "swiglu": ("moe_tl.swiglu_kernel",),
+}

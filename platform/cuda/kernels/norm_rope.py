@@ -67,6 +67,9 @@ def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
     return out
 
 
-# Passed tests/cuda on the H200 (bench/logs/pytest-cuda-h200-4ea75d1.log): on by default.
-GPU_VERIFIED = True
 RULES: dict[str, Any] = {"rms_norm": rms_norm, "rope": rope}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
+KERNELS: dict[str, tuple[str, ...]] = {
+    "rms_norm": ("norm_rope_tl.rms_norm_kernel",),
+    "rope": ("norm_rope_tl.rope_kernel",),
+}

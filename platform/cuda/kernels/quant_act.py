@@ -65,6 +65,9 @@ def cache_encode(p: Any, x: Tensor) -> Tensor:
     return out
 
 
-# Passed tests/cuda on the H200 (bench/logs/pytest-cuda-h200-07aac17.log): on by default.
-GPU_VERIFIED = True
 RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
+KERNELS: dict[str, tuple[str, ...]] = {
+    "act_qdq": ("quant_act_tl.qdq_kernel",),
+    "cache_encode": ("quant_act_tl.encode_kernel",),
+}

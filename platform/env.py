@@ -1,0 +1,112 @@
+"""Every environment variable dsgraph reads: declared here once with its type, default and meaning, and
+read only through `read` (tests/unit/test_env.py fails on any other `os.environ` / `os.getenv` read).
+
+Environment variables are for deployment and debugging switches only; an option that shapes results is
+a typed config field (`EngineConfig`). Each is read when asked, never at import, so a value set after
+import (a test, a launcher) is seen. A value of the wrong type fails naming the variable and what it
+expects. This module imports nothing of dsgraph, so every layer (platform, runtime, tools) may use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "VARS",
+    "EnvVar",
+    "cache_home",
+    "engram_host_min_bytes",
+    "read",
+    "side_stream",
+    "triton_interpreting",
+]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: type  # bool, int or str
+    default: bool | int | str
+    doc: str
+
+
+VARS: dict[str, EnvVar] = {
+    v.name: v
+    for v in (
+        EnvVar(
+            "DSGRAPH_SIDE_STREAM",
+            bool,
+            True,
+            "cuda: gather host-resident Engram rows on a side stream that overlaps the first layers "
+            "(0 keeps one stream)",
+        ),
+        EnvVar(
+            "DSGRAPH_ENGRAM_HOST_MIN_BYTES",
+            int,
+            1 << 30,
+            "cuda: Engram tables of at least this many bytes stay in pinned host memory (a huge value keeps "
+            "every table on the device)",
+        ),
+        EnvVar(
+            "DSGRAPH_COMMIT", str, "", "bench: the commit its results record (default: git rev-parse HEAD)"
+        ),
+        EnvVar(
+            "XDG_CACHE_HOME",
+            str,
+            "",
+            "the cache folder of the embedded tiny checkpoint and the throughput curves (default ~/.cache)",
+        ),
+        EnvVar("MASTER_ADDR", str, "", "expert parallelism: node 0's address (torchrun's variable)"),
+        EnvVar("MASTER_PORT", int, 0, "expert parallelism: node 0's port (torchrun's variable)"),
+        EnvVar("RANK", int, -1, "expert parallelism under torchrun: this process's rank"),
+        EnvVar("WORLD_SIZE", int, 0, "expert parallelism under torchrun: the number of ranks"),
+        EnvVar(
+            "TRITON_INTERPRET",
+            bool,
+            False,
+            "Triton's own: kernels run under its CPU interpreter (the cuda tests on a machine without a GPU)",
+        ),
+    )
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def read(name: str, environ: Mapping[str, str] | None = None) -> bool | int | str:
+    """The value of declared variable `name` (its default when unset or empty) from `environ` (default:
+    the process environment)."""
+    if name not in VARS:
+        raise KeyError(f"environment variable {name} is not declared in dsgraph.platform.env.VARS")
+    var = VARS[name]
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    if not raw:
+        return var.default
+    if var.kind is bool:
+        if raw.lower() not in (*_TRUE, *_FALSE):
+            raise ValueError(f"{name}={raw!r}: expected one of {_TRUE + _FALSE}")
+        return raw.lower() in _TRUE
+    if var.kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r}: expected an integer") from None
+    return raw
+
+
+def side_stream() -> bool:
+    return bool(read("DSGRAPH_SIDE_STREAM"))
+
+
+def engram_host_min_bytes() -> int:
+    return int(read("DSGRAPH_ENGRAM_HOST_MIN_BYTES"))
+
+
+def cache_home() -> Path:
+    """$XDG_CACHE_HOME, or ~/.cache."""
+    return Path(str(read("XDG_CACHE_HOME")) or Path.home() / ".cache")
+
+
+def triton_interpreting() -> bool:
+    return bool(read("TRITON_INTERPRET"))
