@@ -29,7 +29,7 @@ import torch
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
 from dsgraph.graph.types import TensorType
-from dsgraph.models.deepseek_v41.model import V41Model, trace_step
+from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.models.deepseek_v41.step_io import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
@@ -125,7 +125,7 @@ class Session:
         # On a CUDA device Engram tables of >= host_min_bytes stay in pinned host memory (read over PCIe)
         placed = place_weights(target, self.device, host_min_bytes)
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
-        self.graph: Graph = trace_step(model, weight_types(target, backbone_only=False), debug=debug)
+        self.graph: Graph = model.trace_step(weight_types(target, backbone_only=False), debug=debug)
         self.cache_sizes = caches
         self.caches = {
             name: torch.zeros(
