@@ -13,7 +13,13 @@ from dsgraph.graph.types import TensorType
 from dsgraph.ops import rules as R
 from dsgraph.ops.cache import ACTIVATION_DTYPES, require_index, require_seq_vectors
 
-__all__ = ["VisibleEntriesParams", "WindowCompressParams", "visible_entries", "window_compress", "window_span"]
+__all__ = [
+    "VisibleEntriesParams",
+    "WindowCompressParams",
+    "visible_entries",
+    "window_compress",
+    "window_span",
+]
 
 
 @params

@@ -16,13 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
-from dsgraph.models.deepseek_v41.config import load_config
-from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
-from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
-from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.models.registry import ModelFamily, family_for
 from dsgraph.platform.cuda.execute import resolve_device
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_config import EngineConfig
@@ -100,19 +96,19 @@ class Engine:
         root = Path(model_dir)
         self.model_dir = root
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
-        cfg = load_config(root)
+        family = family_for(root)
+        cfg = family.load_config(root)
         self.config, self.cfg = config, cfg
-        self.tokenizer = load_tokenizer(root, cfg.text.vocab_size)
-        token_map, _ = build_token_map(self.tokenizer)
+        self.tokenizer = family.load_tokenizer(root, cfg)
         num = numerics_for(config.numerics)
         max_len = _checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
-        weights = _load_weights(root, cfg, config, num, token_map)
+        weights = _load_weights(family, root, cfg, config, num, self.tokenizer)
         if rank is not None:
             weights = rank.local_weights(weights)
         drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
         spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
-        self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled)
+        self.model = family.build(cfg, self.tokenizer, num, geo, spec.enabled)
         if rank is not None:
             self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()
@@ -519,16 +515,17 @@ class Engine:
 
 
 def _load_weights(
-    root: Path, cfg, config: EngineConfig, num, token_map: list[int]
+    family: ModelFamily, root: Path, cfg, config: EngineConfig, num, tokenizer
 ) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
     generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
     if config.load_format == "dummy":
         from dsgraph.runtime.dummy_weights import dummy_weights
 
-        return dummy_weights(cfg, num, token_map, device=config.platform)
-    checkpoint = load_checkpoint(root, cfg, progress=True, check_finite=config.check_weights)
-    return prepare_weights(cfg, checkpoint, num, token_map)
+        if family.dummy_token_map is None:
+            raise ValueError(f"load_format: 'dummy' is not available for {family.model_type} checkpoints yet")
+        return dummy_weights(cfg, num, family.dummy_token_map(tokenizer), device=config.platform)
+    return family.load_weights(root, cfg, tokenizer, num, config.check_weights)
 
 
 def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:

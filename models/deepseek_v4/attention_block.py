@@ -75,10 +75,10 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> Tracer:
     q = f.rope(q, s["positions"], plan.rope_theta, plan.use_yarn)
     w = f.cast(f.linear(u, p + "weights_proj.weight"), "f32")
     w = w * float((t.index_head_dim * t.index_n_heads) ** -0.5)
+    keys, table = f.cache(f"kidx.{i}"), s[f"block_table_r{plan.ratio}"]
     scores = op.index_scores(
-        q, w, f.cache(f"kidx.{i}"), s[f"block_table_r{plan.ratio}"], s["positions"], s["seq_ids"], ratio=plan.ratio,
-        key_fmt=CACHE_FMT,
-    )  # fmt: skip
+        q, w, keys, table, s["positions"], s["seq_ids"], ratio=plan.ratio, key_fmt=CACHE_FMT
+    )
     f.record(f"index_scores.{i}", scores)
     topk = op.topk_select(scores, k=t.index_topk)
     f.record(f"topk.{i}", topk)

@@ -50,8 +50,15 @@ def _layer(b: _Builder, t: V4TextConfig, plan: LayerPlan) -> None:
     if plan.attn is not Attn.SWA:
         _compressor(b, t, p + "attn.compressor.", t.head_dim, plan)
     if plan.attn is Attn.CSA:
-        b.matrix(p + "attn.indexer.wq_b.weight", t.index_n_heads * t.index_head_dim, t.q_lora_rank, TensorKind.FP8_BLOCK)
-        b.plain(p + "attn.indexer.weights_proj.weight", (t.index_n_heads, t.hidden_size), "BF16", also=("F32",))
+        b.matrix(
+            p + "attn.indexer.wq_b.weight",
+            t.index_n_heads * t.index_head_dim,
+            t.q_lora_rank,
+            TensorKind.FP8_BLOCK,
+        )
+        b.plain(
+            p + "attn.indexer.weights_proj.weight", (t.index_n_heads, t.hidden_size), "BF16", also=("F32",)
+        )
         _compressor(b, t, p + "attn.indexer.compressor.", t.index_head_dim, plan)
     _norm(b, p + "ffn_norm.weight", t.hidden_size)
     _ffn(b, t, p, plan)

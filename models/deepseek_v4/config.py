@@ -83,7 +83,13 @@ class V4Config:
     model_type: str = MODEL_TYPE
 
 
-_SCHEDULE_KEYS = {"layer_types", "compress_rates", "compress_ratios", "mlp_layer_types", "partial_rotary_factor"}
+_SCHEDULE_KEYS = {
+    "layer_types",
+    "compress_rates",
+    "compress_ratios",
+    "mlp_layer_types",
+    "partial_rotary_factor",
+}
 _ROPE_KEYS = {"rope_scaling", "rope_parameters"}
 _TOP_KEYS = {"model_type", "architectures", "quantization_config", "bos_token_id", "eos_token_id"}
 _TOP_KEYS |= {"pad_token_id", "tie_word_embeddings", "expert_dtype"}

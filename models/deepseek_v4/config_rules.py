@@ -61,7 +61,9 @@ def _check_fixed(t: V4TextConfig) -> None:
 
 def _check_dims(t: V4TextConfig) -> None:
     if t.qk_rope_head_dim % 2 or t.qk_rope_head_dim > t.head_dim:
-        raise ConfigError("qk_rope_head_dim", f"{t.qk_rope_head_dim} is not even and <= head_dim {t.head_dim}")
+        raise ConfigError(
+            "qk_rope_head_dim", f"{t.qk_rope_head_dim} is not even and <= head_dim {t.head_dim}"
+        )
     if t.index_head_dim < t.qk_rope_head_dim:
         raise ConfigError(
             "index_head_dim", f"{t.index_head_dim} is below qk_rope_head_dim {t.qk_rope_head_dim} (rotated)"
@@ -72,4 +74,6 @@ def _check_dims(t: V4TextConfig) -> None:
             f"{t.num_attention_heads * t.head_dim}",
         )  # fmt: skip
     if t.num_attention_heads % t.o_groups:
-        raise ConfigError("o_groups", f"{t.o_groups} does not divide num_attention_heads {t.num_attention_heads}")
+        raise ConfigError(
+            "o_groups", f"{t.o_groups} does not divide num_attention_heads {t.num_attention_heads}"
+        )

@@ -44,7 +44,9 @@ class V4Model:
         t, g = self.cfg.text, self.geo
         types: dict[str, TensorType] = {}
         for p in self.plans:
-            types[f"swa.{p.index}"] = TensorType(("slots", g.ring_len, entry_bytes(CACHE_FMT, t.head_dim)), "u8")
+            types[f"swa.{p.index}"] = TensorType(
+                ("slots", g.ring_len, entry_bytes(CACHE_FMT, t.head_dim)), "u8"
+            )
             if p.attn is Attn.SWA:
                 continue
             caches = [("ckv", "comp", t.head_dim)]
@@ -107,7 +109,9 @@ def _forward(f: Forward, model: V4Model) -> dict[str, Any]:
     return out
 
 
-def trace_step(model: V4Model, weights: Mapping[str, TensorType], *, name: str = "v4_step", debug: bool = False) -> Graph:
+def trace_step(
+    model: V4Model, weights: Mapping[str, TensorType], *, name: str = "v4_step", debug: bool = False
+) -> Graph:
     """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`."""
 
     def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:

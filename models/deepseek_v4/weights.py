@@ -30,7 +30,10 @@ HASH_BIAS = 1e30  # larger than any router score: the hashed experts win the top
 def _hash_bias(name: str, tid2eid: Tensor, num_experts: int) -> Tensor:
     ids = tid2eid.long()
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
-        raise ValueError(f"tensor {name}: expert ids must be in [0, {num_experts}), found {int(ids.min())}..{int(ids.max())}")
+        raise ValueError(
+            f"tensor {name}: expert ids must be in [0, {num_experts}), "
+            f"found {int(ids.min())}..{int(ids.max())}"
+        )
     bias = torch.zeros(ids.shape[0], num_experts, dtype=torch.float32)
     bias.scatter_(1, ids, HASH_BIAS)
     repeated = (bias > 0).sum(dim=1) != ids.shape[1]

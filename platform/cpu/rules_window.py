@@ -70,7 +70,9 @@ def window_compress_into(
     rows = closes.nonzero().squeeze(1)
     if rows.numel():
         span = window_span(p.ratio, p.overlap)
-        wkv_rows, gate_rows, pos = _window_projections(kv, gate, state, rows, positions, start, slot, seq, span)
+        wkv_rows, gate_rows, pos = _window_projections(
+            kv, gate, state, rows, positions, start, slot, seq, span
+        )
         latent[rows] = _pool(p, wkv_rows, gate_rows, pos, ape)
     return latent, closes, _write_ring(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
 

@@ -56,11 +56,30 @@ def hf_config(cfg_dict: dict[str, Any], cfg: V4Config) -> Any:
     from transformers import DeepseekV4Config
 
     t = cfg.text
-    names = {0: "sliding_attention", t.csa_ratio: "compressed_sparse_attention", t.hca_ratio: "heavily_compressed_attention"}
-    kept = {k: v for k, v in cfg_dict.items() if k not in ("quantization_config", "compress_ratios", "num_hash_layers", "qk_rope_head_dim", "rope_scaling", "architectures", "model_type", "dtype")}
+    names = {
+        0: "sliding_attention",
+        t.csa_ratio: "compressed_sparse_attention",
+        t.hca_ratio: "heavily_compressed_attention",
+    }
+    kept = {
+        k: v
+        for k, v in cfg_dict.items()
+        if k
+        not in (
+            "quantization_config",
+            "compress_ratios",
+            "num_hash_layers",
+            "qk_rope_head_dim",
+            "rope_scaling",
+            "architectures",
+            "model_type",
+            "dtype",
+        )
+    }
     kept.update(
         layer_types=[names[r] for r in t.compress_ratios],
-        mlp_layer_types=["hash_moe"] * t.num_hash_layers + ["moe"] * (t.num_hidden_layers - t.num_hash_layers),
+        mlp_layer_types=["hash_moe"] * t.num_hash_layers
+        + ["moe"] * (t.num_hidden_layers - t.num_hash_layers),
         partial_rotary_factor=t.qk_rope_head_dim / t.head_dim,
         rope_parameters=dict(cfg_dict["rope_scaling"]) if cfg_dict.get("rope_scaling") else None,
     )
@@ -106,7 +125,9 @@ def hf_state_dict(weights: dict[str, Tensor]) -> dict[str, Tensor]:
 def load_tf_model(model_dir: str | Path, cfg_dict: dict[str, Any], cfg: V4Config) -> Any:
     from transformers import DeepseekV4ForCausalLM
 
-    weights = load_checkpoint(model_dir, cfg, weights="f32", expected=expected_tensors(cfg), skipped=is_skipped)
+    weights = load_checkpoint(
+        model_dir, cfg, weights="f32", expected=expected_tensors(cfg), skipped=is_skipped
+    )
     torch.manual_seed(0)
     model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg)).float().eval()
     state = hf_state_dict(weights)
