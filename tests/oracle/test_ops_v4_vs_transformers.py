@@ -60,11 +60,15 @@ def _ours(module, ratio: int, overlap: bool, h: torch.Tensor, chunks: list[int])
         )
         normed = op.rms_norm(latent, norm, eps=float(t.rms_norm_eps))
         scaling = t.rope_scaling
-        entry = op.rope(
-            normed, (positions // ratio) * ratio, rope_dim=t.qk_rope_head_dim, theta=float(t.compress_rope_theta),
-            yarn_factor=float(scaling.factor), beta_fast=float(scaling.beta_fast),
-            beta_slow=float(scaling.beta_slow), original_max=int(scaling.original_max_position_embeddings),
-        )  # fmt: skip
+        yarn = dict(
+            yarn_factor=float(scaling.factor),
+            beta_fast=float(scaling.beta_fast),
+            beta_slow=float(scaling.beta_slow),
+            original_max=int(scaling.original_max_position_embeddings),
+        )
+        first = (positions // ratio) * ratio
+        theta = float(t.compress_rope_theta)
+        entry = op.rope(normed, first, rope_dim=t.qk_rope_head_dim, theta=theta, **yarn)
         return {"entry": entry, "closes": closes, "state": new_state}
 
     out_width = width // 2 if overlap else width
