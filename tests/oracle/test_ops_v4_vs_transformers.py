@@ -25,7 +25,7 @@ from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM  # noqa: E402
 from dsgraph.ops import op  # noqa: E402
 from dsgraph.ops.window_compress import window_span  # noqa: E402
 from dsgraph.platform.cpu.interpret import run_graph  # noqa: E402
-from tests.oracle.tf_v4_ref import hf_config  # noqa: E402
+from dsgraph.tools.bench.v4_transformers import hf_config  # noqa: E402
 
 TOL = 2e-6
 CFG_DICT = tiny_config_dict()

@@ -15,7 +15,7 @@ from dsgraph.models.deepseek_v4.config import load_config  # noqa: E402
 from dsgraph.models.deepseek_v4.tiny import make_tiny  # noqa: E402
 from dsgraph.runtime.llm import LLM  # noqa: E402
 from dsgraph.runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.oracle.tf_v4_ref import load_tf_model, tf_logits  # noqa: E402
+from dsgraph.tools.bench.v4_transformers import load_tf_model, tf_logits  # noqa: E402
 
 PROMPT = [3 + (i * 37) % 250 for i in range(70)]
 

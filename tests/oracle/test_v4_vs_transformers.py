@@ -28,7 +28,7 @@ from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint  # noqa: E
 from dsgraph.models.deepseek_v41.numerics import REFERENCE  # noqa: E402
 from dsgraph.models.deepseek_v41.step_io import default_geometry  # noqa: E402
 from dsgraph.runtime.step_runner import StepRunner  # noqa: E402
-from tests.oracle.tf_v4_ref import load_tf_model, tf_logits  # noqa: E402
+from dsgraph.tools.bench.v4_transformers import load_tf_model, tf_logits  # noqa: E402
 
 TOL = 5e-6  # max |diff| <= TOL * max |logit|: FP32 rounding of two summation orders (seen: 1e-6)
 CONFIGS = {"select_all": {"index_topk": 64}, "topk3": {}}

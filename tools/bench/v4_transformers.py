@@ -1,4 +1,5 @@
-"""transformers' DeepseekV4ForCausalLM (CPU, FP32, eager) loaded with a V4 checkpoint's dequantized weights.
+"""transformers' DeepseekV4ForCausalLM loaded with a V4 checkpoint's dequantized weights: the oracle of
+tests/oracle/test_v4_*.py (CPU, FP32, eager) and the transformers side of `dsgraph bench v4` (GPU, BF16).
 
 The renaming below is written from the release's tensor names (models/deepseek_v4/checkpoint_spec.py) to
 the module names of transformers' implementation; experts are stacked as its `gate_up_proj` [E, 2I, H]
@@ -122,16 +123,30 @@ def hf_state_dict(weights: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def load_tf_model(model_dir: str | Path, cfg_dict: dict[str, Any], cfg: V4Config) -> Any:
+def load_tf_model(
+    model_dir: str | Path,
+    cfg_dict: dict[str, Any],
+    cfg: V4Config,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> Any:
+    """The model with the checkpoint's weights; at a BF16 `dtype` the modules transformers keeps in FP32
+    (`_keep_in_fp32_modules_strict`) stay FP32, as `from_pretrained` leaves them."""
     from transformers import DeepseekV4ForCausalLM
 
     weights = load_checkpoint(
         model_dir, cfg, weights="f32", expected=expected_tensors(cfg), skipped=is_skipped
     )
     torch.manual_seed(0)
-    model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg)).float().eval()
-    state = hf_state_dict(weights)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    with torch.device(device):  # the full-width bench model is built on the GPU directly
+        model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg))
+    model = model.to(dtype).eval()
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    for name, module in model.named_modules():
+        if any(f".{k}." in f".{name}." or name.endswith(k) for k in keep):
+            module.float()
+    missing, unexpected = model.load_state_dict(hf_state_dict(weights), strict=False)  # casts per param
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
         raise KeyError(f"transformers V4: missing {missing}, unexpected {unexpected}")
