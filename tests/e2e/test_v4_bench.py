@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dsgraph.models.deepseek_v4.config import parse_config
 from dsgraph.tools.bench.v4_bench import bench_config
 from dsgraph.tools.cli import main
-
-import pytest
 
 
 def test_bench_config_is_the_release_width_truncated() -> None:
