@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dsgraph.models.deepseek_v4.config import V4Config, V4TextConfig
 from dsgraph.models.deepseek_v4.layers import Attn, LayerPlan, layer_plans
-from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, _Builder
+from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, _Builder, experts
 
 __all__ = ["expected_tensors", "is_skipped"]
 
@@ -96,9 +96,4 @@ def _ffn(b: _Builder, t: V4TextConfig, p: str, plan: LayerPlan) -> None:
         b.plain(p + "ffn.gate.tid2eid", (t.vocab_size, t.num_experts_per_tok), "I64", also=("I32",))
     else:
         b.plain(p + "ffn.gate.bias", (e,), "F32")
-    for prefix, kind in [(p + "ffn.shared_experts.", TensorKind.FP8_BLOCK)] + [
-        (f"{p}ffn.experts.{x}.", TensorKind.FP4_ROWS) for x in range(e)
-    ]:
-        b.matrix(prefix + "w1.weight", inter, h, kind)
-        b.matrix(prefix + "w2.weight", h, inter, kind)
-        b.matrix(prefix + "w3.weight", inter, h, kind)
+    experts(b, h, inter, p, e)

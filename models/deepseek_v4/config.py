@@ -10,7 +10,6 @@ per-layer `compress_ratios` (0, 4 or 128), the hash-routed prefix as `mlp_layer_
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dsgraph.models.deepseek_v4.config_defaults import DEFAULTS, KNOWN_RATIOS, default_ratios
-from dsgraph.models.deepseek_v41.config import QuantConfig, RopeScaling, _parse_dataclass, _parse_quant
+from dsgraph.models.deepseek_v41.config import (
+    QuantConfig,
+    RopeScaling,
+    _parse_dataclass,
+    _parse_quant,
+    load_config_with,
+)
 from dsgraph.models.deepseek_v41.config_rules import ConfigError
 
 __all__ = ["ConfigError", "V4Config", "V4TextConfig", "load_config", "parse_config"]
@@ -243,18 +248,7 @@ def _warn_unknown(text: V4TextConfig) -> None:
 
 def load_config(path: str | Path) -> V4Config:
     """Load `config.json` (or a checkpoint directory holding it) and parse it."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"config.json not found at {p}")
-    try:
-        return parse_config(json.loads(p.read_text()))
-    except ConfigError as exc:
-        exc.args = (f"{p}: {exc}",)
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(p), f"not valid JSON: {exc}") from exc
+    return load_config_with(path, parse_config)
 
 
 from dsgraph.models.deepseek_v4.config_rules import validate_text  # noqa: E402  (imports V4TextConfig)

@@ -7,13 +7,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFAULTS", "KNOWN_RATIOS", "default_ratios"]
+__all__ = ["DEFAULTS", "KNOWN_RATIOS", "RELEASE_QUANT", "RELEASE_YARN", "default_ratios"]
 
 # attention kind -> compression ratio: sliding window only, compressed sparse (CSA), heavily compressed (HCA)
 KNOWN_RATIOS: Mapping[str, int] = {
     "sliding_attention": 0,
     "compressed_sparse_attention": 4,
     "heavily_compressed_attention": 128,
+}
+
+# The release's YaRN of the compressed layers and its quantization_config (not transformers' defaults:
+# a config that omits them has plain RoPE and BF16 weights)
+RELEASE_YARN: Mapping[str, Any] = {
+    "rope_type": "yarn",
+    "factor": 16,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "original_max_position_embeddings": 65536,
+}
+RELEASE_QUANT: Mapping[str, Any] = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "expert_dtype": "fp4",
+    "activation_scheme": "dynamic",
 }
 
 DEFAULTS: Mapping[str, Any] = {

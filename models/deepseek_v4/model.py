@@ -16,7 +16,7 @@ from dsgraph.graph import Graph, TensorType, make_graph
 from dsgraph.models.deepseek_v4.attention_block import CACHE_FMT, attention
 from dsgraph.models.deepseek_v4.config import V4Config
 from dsgraph.models.deepseek_v4.layers import Attn, LayerPlan, layer_plans
-from dsgraph.models.deepseek_v41.backbone import _hc, embed
+from dsgraph.models.deepseek_v41.backbone import _hc, embed, head
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
 from dsgraph.models.deepseek_v41.ffn_block import moe
 from dsgraph.models.deepseek_v41.numerics import Numerics
@@ -73,13 +73,12 @@ def build_model(cfg: V4Config, num: Numerics, geo: CacheGeometry, *, dspark: boo
 
 
 def _hc_head(f: Forward, x: Tracer) -> Tracer:
-    """The final collapse of the streams: pre = sigmoid(scale * (fn . v) / rms(v) + base) + hc_eps."""
+    """The final collapse's stream weights [T, n] f32: sigmoid(scale * (fn . v) / rms(v) + base) + hc_eps."""
     t = f.text
     flat = op.reshape(f.cast(x, "f32"), shape=("tokens", t.hc_mult * t.hidden_size))
     rms = op.rsqrt(op.reduce_mean(flat * flat, axes=(-1,), keepdims=True) + float(t.rms_norm_eps))
     mix = op.linear(flat, f.w("hc_head_fn"), out_dtype="f32") * rms
-    pre = op.sigmoid(mix * f.w("hc_head_scale") + f.w("hc_head_base")) + float(t.hc_eps)
-    return op.hc_collapse(x, pre, out_dtype=f.num.act_dtype)
+    return op.sigmoid(mix * f.w("hc_head_scale") + f.w("hc_head_base")) + float(t.hc_eps)
 
 
 def _block(f: Forward, plan: LayerPlan, x: Tracer, entries: int) -> Tracer:
@@ -99,10 +98,7 @@ def _forward(f: Forward, model: V4Model) -> dict[str, Any]:
     for plan in model.plans:
         entries = model.geo.pages_per_seq(plan.ratio) * model.geo.page_size if plan.ratio else 0
         x = _block(f, plan, x, entries)
-    h = f.norm(_hc_head(f, x), "norm.weight")
-    rows = op.gather_rows(h, f.step["sample_rows"])
-    w = f.w("head.weight")
-    out: dict[str, Any] = {"logits": op.linear(f.cast(rows, w.dtype), w, out_dtype="f32")}
+    out: dict[str, Any] = {"logits": head(f, x, _hc_head(f, x))}
     out["caches"] = dict(f.new_caches)
     if f.debug is not None:
         out["debug"] = dict(f.debug)

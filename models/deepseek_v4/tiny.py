@@ -18,6 +18,7 @@ from torch import Tensor
 
 from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors
 from dsgraph.models.deepseek_v4.config import V4Config, parse_config
+from dsgraph.models.deepseek_v4.config_defaults import RELEASE_QUANT, RELEASE_YARN
 from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype, write_checkpoint
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, scale_name
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
@@ -44,13 +45,7 @@ TINY_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 1024,
     "rope_theta": 10000.0,
     "compress_rope_theta": 160000.0,
-    "rope_scaling": {
-        "rope_type": "yarn",
-        "factor": 16,
-        "beta_fast": 32,
-        "beta_slow": 1,
-        "original_max_position_embeddings": 64,
-    },
+    "rope_scaling": {**RELEASE_YARN, "original_max_position_embeddings": 64},
     "compress_ratios": [0, 4, 16, 4, 0],
     "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
     "num_hash_layers": 1,
@@ -71,14 +66,7 @@ TINY_CONFIG: dict[str, Any] = {
     "pad_token_id": 2,
     "tie_word_embeddings": False,
     "dtype": "bfloat16",
-    "quantization_config": {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "scale_fmt": "ue8m0",
-        "weight_block_size": [128, 128],
-        "expert_dtype": "fp4",
-        "activation_scheme": "dynamic",
-    },
+    "quantization_config": dict(RELEASE_QUANT),
 }
 
 

@@ -123,7 +123,8 @@ def test_hc_head_matches_the_hyper_head() -> None:
 
     def collapse(x, fn, base, scale):  # type: ignore[no-untyped-def]
         weights = {"hc_head_fn": fn, "hc_head_base": base, "hc_head_scale": scale}
-        return _hc_head(Forward(t, REFERENCE, weights, {}, {}), x)  # type: ignore[arg-type]
+        pre = _hc_head(Forward(t, REFERENCE, weights, {}, {}), x)  # type: ignore[arg-type]
+        return op.hc_collapse(x, pre)
 
     n, hidden = t.hc_mult, t.hidden_size
     graph = make_graph(

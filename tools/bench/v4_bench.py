@@ -19,34 +19,23 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("dsgraph", "transformers", "vllm")
-# The release's YaRN and quantization (used when --config gives none)
-RELEASE_YARN = {
-    "rope_type": "yarn",
-    "factor": 16,
-    "beta_fast": 32,
-    "beta_slow": 1,
-    "original_max_position_embeddings": 65536,
-}
-RELEASE_QUANT = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [128, 128],
-    "expert_dtype": "fp4",
-    "activation_scheme": "dynamic",
-}
 
 
 def bench_config(layers: int, config: str | None) -> dict[str, Any]:
-    from dsgraph.models.deepseek_v4.config_defaults import DEFAULTS, default_ratios
+    from dsgraph.models.deepseek_v4.config_defaults import (
+        DEFAULTS,
+        RELEASE_QUANT,
+        RELEASE_YARN,
+        default_ratios,
+    )
 
     base = json.loads(Path(config).read_text()) if config else {}
     cfg = {**{k: v for k, v in DEFAULTS.items() if v is not None}, **base}
     cfg.update(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"], num_hidden_layers=layers)
     cfg["compress_ratios"] = list(base.get("compress_ratios", default_ratios(layers)))[:layers]
     cfg.pop("layer_types", None)
-    cfg.setdefault("rope_scaling", RELEASE_YARN)
-    cfg.setdefault("quantization_config", RELEASE_QUANT)
+    cfg.setdefault("rope_scaling", dict(RELEASE_YARN))
+    cfg.setdefault("quantization_config", dict(RELEASE_QUANT))
     cfg["num_nextn_predict_layers"] = 0
     return cfg
 
