@@ -145,11 +145,27 @@ def _compressed_keys(
     """Selected compressed entries of every row: (keys [T, K, hd] f32, valid [T, K] bool)."""
     num_blocks, block_size = pool.shape[0], pool.shape[1]
     valid = real.unsqueeze(1) & (topk >= 0)
+    if not checking():  # fixed shapes, no host read (capturable): invalid slots read entry 0 and are masked
+        return _compressed_keys_unchecked(pool, block_table, topk, seq, valid, fmt)
     row, column = valid.nonzero(as_tuple=True)
     entry = topk.long()[row, column]
     block = locate_entries("attention", block_table, seq[row], entry, row, block_size, num_blocks)
     keys = torch.zeros(*topk.shape, pool.shape[2], dtype=torch.uint8, device=pool.device)
     keys[row, column] = pool[block, entry % block_size]
+    return torch.where(valid.unsqueeze(-1), decode_entries(fmt, keys), 0.0), valid
+
+
+def _compressed_keys_unchecked(
+    pool: Tensor, block_table: Tensor, topk: Tensor, seq: Tensor, valid: Tensor, fmt: str
+) -> tuple[Tensor, Tensor]:
+    num_blocks, block_size = pool.shape[0], pool.shape[1]
+    if block_table.shape[0] == 0 or block_table.shape[1] == 0:
+        block_table = block_table.new_full((1, max(block_table.shape[1], 1)), -1)
+    entry = topk.long().clamp_min(0)
+    column = torch.div(entry, block_size, rounding_mode="floor").clamp(max=block_table.shape[1] - 1)
+    block = block_table.long()[seq].gather(1, column)  # [T, K]
+    valid = valid & (block >= 0) & (block < num_blocks)
+    keys = pool[block.clamp(0, num_blocks - 1), entry % block_size]
     return torch.where(valid.unsqueeze(-1), decode_entries(fmt, keys), 0.0), valid
 
 

@@ -51,6 +51,16 @@ def _pool(p: Any, kv: Tensor, gate: Tensor, pos: Tensor, ape: Tensor) -> Tensor:
     return (kv * invariant.softmax(z, 1)).sum(dim=1)
 
 
+def _closing_rows(closes: Tensor, ratio: int, num_seqs: int) -> Tensor:
+    """Indices of the closing rows. Unchecked (capturable): a fixed count, T // ratio + seqs (a sequence of
+    L rows closes at most L // ratio + 1 windows), padded with T."""
+    if checking():
+        return closes.nonzero().squeeze(1)
+    rows = closes.shape[0]
+    count = min(rows, rows // ratio + num_seqs)
+    return torch.nonzero_static(closes, size=count, fill_value=rows).squeeze(1)
+
+
 def window_compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     return window_compress_into(p, *operands[:4], operands[4].clone(), *operands[5:])
 

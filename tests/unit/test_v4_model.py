@@ -131,3 +131,13 @@ def test_serving_numerics_change_logprobs_by_a_stated_amount(model_dir: Path) ->
     """docs/model-v4.md states this bound: BF16 activations and FP8 GEMM inputs on a random tiny model."""
     diff = (_logits(model_dir, SERVING, [40], IDS) - _logits(model_dir, REFERENCE, [40], IDS)).abs().max()
     assert 0.5 < float(diff) < 3.0  # 1.96 nats at most over these 40 positions
+
+
+def test_the_capturable_unchecked_rules_give_the_same_bits(model_dir: Path) -> None:
+    """The cuda platform captures steps with the rules' host checks off (`unchecked`): V4's compressor
+    then pools a fixed number of windows, and attention gathers selected entries without nonzero()."""
+    from dsgraph.platform.cpu.step_rows import unchecked
+
+    checked = _logits(model_dir, REFERENCE, [17, 23], IDS)
+    with unchecked():
+        assert torch.equal(_logits(model_dir, REFERENCE, [17, 23], IDS), checked)
