@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.deepseek_v41.numerics import numerics_for
-from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.models.interface import default_geometry, numerics_for, ratios
 from dsgraph.models.registry import ModelFamily, family_for
 from dsgraph.platform.cuda.execute import resolve_device
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len

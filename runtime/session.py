@@ -29,8 +29,8 @@ import torch
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
 from dsgraph.graph.types import TensorType
-from dsgraph.models.deepseek_v41.model import V41Model
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import Model as V41Model
+from dsgraph.models.interface import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.cuda.execute import resolve_device
@@ -108,7 +108,7 @@ class Session:
         capture_max_tokens: int = CAPTURE_MAX_TOKENS,
         host_min_bytes: int = HOST_MIN_BYTES,
     ) -> None:
-        from dsgraph.models.deepseek_v41.weights import weight_types
+        from dsgraph.models.interface import weight_types
         from dsgraph.runtime.spec_draft import target_weights
 
         name = platform if isinstance(platform, str) else platform.name

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsgraph.models.deepseek_v41.model import V41Model
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import Model as V41Model
+from dsgraph.models.interface import ratios
 from dsgraph.runtime.session import CacheSizes, Session
 
 
