@@ -166,13 +166,28 @@ def _measure(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     return {"error": (done.stderr or done.stdout)[-2000:], "returncode": done.returncode}
 
 
+def _previous(out: Path, shape: dict[str, int], cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    """Results of earlier runs into the same JSON with the same shape and model (engines may be measured
+    one per command, each under a device's per-command time limit)."""
+    if not out.is_file():
+        return {}
+    old = json.loads(out.read_text())
+    same = (
+        old.get("shape") == shape
+        and old.get("config", {}).get("num_hidden_layers") == cfg_dict["num_hidden_layers"]
+    )
+    return dict(old.get("results", {})) if same else {}
+
+
 def run(args: argparse.Namespace) -> int:
     args.dir = Path(args.dir)
     cfg_dict = bench_config(args.layers, args.config)
     if not (args.dir / "config.json").is_file():
         write_checkpoint_on_gpu(args.dir, cfg_dict, "cuda" if args.platform == "cuda" else "cpu")
     engines = [e for e in args.engines.split(",") if e]
-    results = {e: _measure(args, e) for e in engines}
+    shape = {"batch": args.batch, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
+    results = _previous(Path(args.out), shape, cfg_dict)
+    results.update({e: _measure(args, e) for e in engines})
     ours = results.get("dsgraph", {})
     ratios = {
         f"dsgraph_vs_{e}": {
@@ -185,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = {
         "config": {k: cfg_dict[k] for k in ("num_hidden_layers", "hidden_size", "compress_ratios")},
-        "shape": {"batch": args.batch, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens},
+        "shape": shape,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "results": results,
         "ratios": ratios,
@@ -198,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _shape_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", default="/tmp/dsgraph-v4-bench", help="the random checkpoint (written if absent)")
+    p.add_argument("--dir", default="build/v4-bench", help="the random checkpoint (written if absent)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=64)
@@ -212,7 +227,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _shape_args(p)
     p.add_argument("--layers", type=int, default=4, help="backbone layers of the truncated model")
     p.add_argument("--config", help="a V4-Flash config.json whose schedule and sizes to truncate")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated subset of {ENGINES}")
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help=f"comma-separated subset of {ENGINES} ('' only writes the checkpoint); results of earlier runs "
+        "into the same --out with the same shape are kept",
+    )
     p.add_argument("--timeout-s", type=float, default=900.0, help="per engine")
     p.add_argument("--out", default="bench/results/v4-compare.json")
     p.set_defaults(func=run)
