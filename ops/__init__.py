@@ -17,6 +17,7 @@ from dsgraph.ops import (  # noqa: F401
     sampling,
     shape,
     spec_sampling,
+    window_compress,
 )
 
 __all__ = ["core", "nn", "op", "shape"]

@@ -40,6 +40,7 @@ def _require_block_table(block_table: TensorType, seqs: object | None) -> None:
 @params
 class IndexScoresParams:
     ratio: int
+    key_fmt: str = "mxfp4_g32"  # format of the index-key entries (f32: an unquantized cache)
 
 
 def _index_scores_rule(p: IndexScoresParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -48,12 +49,12 @@ def _index_scores_rule(p: IndexScoresParams, ts: tuple[TensorType, ...]) -> tupl
     R.require_dtype(q, ACTIVATION_DTYPES, "q")
     R.require_rank(q, 3, "q")
     rows, heads, width = q.shape
-    check_width("mxfp4_g32", width, f"index head dim of q {q}")
+    check_width(p.key_fmt, width, f"index head dim of q {q}")
     R.require_dtype(w, ("f32",), "w")
     R.require_rank(w, 2, "w")
     R.require_dim(w.shape[0], rows, f"tokens of w {w} vs q {q}")
     R.require_dim(w.shape[1], heads, f"heads of w {w} vs q {q}")
-    require_pool(keys, entry_bytes("mxfp4_g32", width), "keys")
+    require_pool(keys, entry_bytes(p.key_fmt, width), "keys")
     _require_block_table(block_table, None)
     require_index(positions, rows, "positions")
     require_index(seq_ids, rows, "seq_ids")
@@ -71,7 +72,8 @@ index_scores = declare_op(
     "index_scores",
     IndexScoresParams,
     _index_scores_rule,
-    "`q [tokens, ih, id] float, w [tokens, ih] f32, keys [blocks, bs, id/2 + id/32] u8 (mxfp4_g32 entries), "
+    "`q [tokens, ih, id] float, w [tokens, ih] f32, keys [blocks, bs, entry_bytes(key_fmt, id)] u8 (key_fmt "
+    "entries, mxfp4_g32 by default), "
     "block_table [seqs, nb] i32, positions [tokens] i32, seq_ids [tokens] i32` -> `scores [tokens, nb*bs] "
     "f32`: for row t of sequence s at position p, score(t, g) = sum_h w[t, h] * relu(q[t, h] . k_g) with "
     "k_g the decoded entry pool[block_table[s, g // bs], g % bs], for visible entries g < (p + 1) // ratio "
@@ -138,10 +140,12 @@ topk_select = declare_op(
 class AttentionParams:
     window: int
     softmax_scale: float
+    ring_fmt: str = "fp8_g32"  # format of the SWA ring entries
+    pool_fmt: str = "nvfp4_g16"  # format of the compressed entries (f32: unquantized caches)
 
 
 def require_swa_operands(
-    window: int, ts: tuple[TensorType, ...], *, kv_like_q: bool = False
+    window: int, ts: tuple[TensorType, ...], *, kv_like_q: bool = False, ring_fmt: str = "fp8_g32"
 ) -> tuple[object, object]:
     """Check the 9 SWA operands shared by `attention` and `draft_attention` (q, kv, ring, sink, positions,
     seq_ids, seq_slot, seq_start, seq_window_start); `kv_like_q`: kv must have q's dtype. Returns (seqs,
@@ -151,12 +155,12 @@ def require_swa_operands(
     R.require_dtype(q, ACTIVATION_DTYPES, "q")
     R.require_rank(q, 3, "q")
     rows, heads, width = q.shape
-    check_width("fp8_g32", width, f"head dim of q {q}")
+    check_width(ring_fmt, width, f"head dim of q {q}")
     R.require_dtype(kv, (q.dtype,) if kv_like_q else ACTIVATION_DTYPES, "kv")
     R.require_rank(kv, 2, "kv")
     R.require_dim(kv.shape[0], rows, f"tokens of kv {kv} vs q {q}")
     R.require_dim(kv.shape[1], width, f"head dim of kv {kv} vs q {q}")
-    require_pool(ring, entry_bytes("fp8_g32", width), "ring")
+    require_pool(ring, entry_bytes(ring_fmt, width), "ring")
     if isinstance(ring.shape[1], int) and ring.shape[1] < window:
         raise ShapeError(f"ring length R of ring {ring} is {ring.shape[1]}, expected >= window {window}")
     R.require_dtype(sink, ("f32",), "sink")
@@ -174,11 +178,11 @@ def _attention_rule(p: AttentionParams, ts: tuple[TensorType, ...]) -> tuple[Ten
     if len(ts) not in (9, 12):
         raise ShapeError(f"takes 9 operands (SWA only) or 12 (with pool, block_table, topk), got {len(ts)}")
     q = ts[0]
-    seqs, width = require_swa_operands(p.window, ts[:9])
+    seqs, width = require_swa_operands(p.window, ts[:9], ring_fmt=p.ring_fmt)
     if len(ts) == 12:
         pool, block_table, topk = ts[9:]
-        check_width("nvfp4_g16", width, f"head dim of q {q}")
-        require_pool(pool, entry_bytes("nvfp4_g16", width), "pool")
+        check_width(p.pool_fmt, width, f"head dim of q {q}")
+        require_pool(pool, entry_bytes(p.pool_fmt, width), "pool")
         _require_block_table(block_table, seqs)
         R.require_dtype(topk, ("i32",), "topk")
         R.require_rank(topk, 2, "topk")
@@ -190,10 +194,12 @@ attention = declare_op(
     "attention",
     AttentionParams,
     _attention_rule,
-    "`q [tokens, nh, hd] float, kv [tokens, hd] float (this step's SWA keys, already fp8_g32 qdq'ed), "
-    "ring [slots, R, hd + hd/32] u8 (fp8_g32 entries, the ring before this step's swa_write; R >= window), "
+    "`q [tokens, nh, hd] float, kv [tokens, hd] float (this step's SWA keys, already rounded to ring_fmt), "
+    "ring [slots, R, entry_bytes(ring_fmt, hd)] u8 (ring_fmt entries, fp8_g32 by default: the ring before "
+    "this step's swa_write; R >= window), "
     "sink [nh] f32, positions [tokens] i32, seq_ids [tokens] i32, seq_slot [seqs] i32, seq_start [seqs] i32, "
-    "seq_window_start [seqs] i32[, pool [blocks, bs, hd/2 + hd/16] u8 (nvfp4_g16 entries), "
+    "seq_window_start [seqs] i32[, pool [blocks, bs, entry_bytes(pool_fmt, hd)] u8 (pool_fmt entries, "
+    "nvfp4_g16 by default), "
     "block_table [seqs, nb] i32, topk [tokens, K] i32]` -> `[tokens, nh, hd]` dtype of q. Keys of row t "
     "(sequence s, position p): the SWA positions max(0, seq_window_start[s], p - window + 1) .. p "
     "(seq_window_start: the first position whose SWA key the sequence holds, e.g. its replay start after a "

@@ -5,7 +5,9 @@ Formats (groups of consecutive channels along the last dim):
 - `mxfp4_g32`: E2M1 values, one UE8M0 scale per 32 (index queries and keys);
 - `nvfp4_g16`: E2M1 values, one E4M3 scale per 16, value = E2M1(x / scale) (NeMo, the oracle);
 - `nvfp4_g16_recip`: the same bytes, value = E2M1(x * fl32(1 / scale)) (DeepInfer's kernel; differs from
-  `nvfp4_g16` only at exact rounding ties, numerics-nemo-vs-deepinfer 2c).
+  `nvfp4_g16` only at exact rounding ties, numerics-nemo-vs-deepinfer 2c);
+- `f32`: no rounding, the four little-endian bytes of each f32 value (caches of a model whose reference
+  keeps them unquantized: DeepSeek-V4 as transformers computes it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from dsgraph.graph.types import Dim, TensorType
 from dsgraph.ops import rules as R
 
 # fmt -> channels per scale
-GROUP_SIZES: dict[str, int] = {"fp8_g32": 32, "mxfp4_g32": 32, "nvfp4_g16": 16, "nvfp4_g16_recip": 16}
+GROUP_SIZES: dict[str, int] = {
+    "fp8_g32": 32,
+    "mxfp4_g32": 32,
+    "nvfp4_g16": 16,
+    "nvfp4_g16_recip": 16,
+    "f32": 1,
+}
 FORMATS = tuple(GROUP_SIZES)
 ACTIVATION_DTYPES = ("f32", "bf16", "f16")
 
@@ -28,6 +36,8 @@ def entry_bytes(fmt: str, width: int) -> int:
     528 for fp8_g32 at 512, 288 for nvfp4_g16 at 512, 68 for mxfp4_g32 at 128.
     """
     check_width(fmt, width, "width")
+    if fmt == "f32":
+        return 4 * width
     if fmt == "fp8_g32":
         return width + width // 32  # one E4M3 byte per value, one UE8M0 byte per group
     if fmt == "mxfp4_g32":
@@ -68,7 +78,7 @@ act_qdq = declare_op(
     _act_qdq_rule,
     "`x [*, d] f32|bf16|f16` -> `[*, d]` same dtype: quantize then dequantize x in groups along d "
     "(fmt in fp8_g32, mxfp4_g32, nvfp4_g16, nvfp4_g16_recip; d a multiple of the group), computed in f32, "
-    "cast once to x's dtype.",
+    "cast once to x's dtype; fmt f32 only casts through f32.",
     num_inputs=1,
 )
 
@@ -84,7 +94,8 @@ cache_encode = declare_op(
     _cache_encode_rule,
     "`x [*, d] f32|bf16|f16` -> `[*, entry_bytes(fmt, d)] u8`: one packed cache entry per row "
     "(fp8_g32: d E4M3 bytes then d/32 UE8M0; mxfp4_g32: d/2 E2M1 bytes, low nibble = even channel, then d/32 "
-    "UE8M0; nvfp4_g16[_recip]: d/2 E2M1 bytes then d/16 E4M3 scales). decode(encode(x)) == act_qdq(x).",
+    "UE8M0; nvfp4_g16[_recip]: d/2 E2M1 bytes then d/16 E4M3 scales; f32: 4d bytes, the f32 values). "
+    "decode(encode(x)) == act_qdq(x).",
     num_inputs=1,
 )
 

@@ -9,13 +9,8 @@ from typing import Any
 
 import torch
 
-from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
-from dsgraph.models.deepseek_v41.config import ModelConfig, load_config
-from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
-from dsgraph.models.deepseek_v41.model import V41Model, build_model
-from dsgraph.models.deepseek_v41.numerics import Numerics, numerics_for
-from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
-from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.models.interface import Numerics, default_geometry, numerics_for, ratios
+from dsgraph.models.registry import ModelFamily, family_for
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.session import CacheSizes, size_caches
 
@@ -24,44 +19,45 @@ __all__ = ["LoadedCheckpoint", "cache_sizes", "checked_max_len", "load_model_dir
 
 @dataclass(frozen=True)
 class LoadedCheckpoint:
-    cfg: ModelConfig
+    family: ModelFamily
+    cfg: Any
     tokenizer: Any  # tokenizers.Tokenizer
-    token_map: list[int]
     num: Numerics
     weights: dict[str, torch.Tensor]
 
 
 def load_model_dir(root: Path, config: EngineConfig) -> LoadedCheckpoint:
     """Config, tokenizer and weights of `root` under `config` (numerics, load_format, check_weights)."""
-    cfg = load_config(root)
-    tokenizer = load_tokenizer(root, cfg.text.vocab_size)
-    token_map, _ = build_token_map(tokenizer)
+    family = family_for(root)
+    cfg = family.load_config(root)
+    tokenizer = family.load_tokenizer(root, cfg)
     num = numerics_for(config.numerics)
     checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
-    weights = load_weights(root, cfg, config, num, token_map)
-    return LoadedCheckpoint(cfg, tokenizer, token_map, num, weights)
+    weights = load_weights(family, root, cfg, config, num, tokenizer)
+    return LoadedCheckpoint(family, cfg, tokenizer, num, weights)
 
 
-def build_target(loaded: LoadedCheckpoint, config: EngineConfig, *, dspark: bool = False) -> V41Model:
+def build_target(loaded: LoadedCheckpoint, config: EngineConfig, *, dspark: bool = False) -> Any:
     """The model of `loaded` with the cache geometry of `config` (max_model_len, page_size)."""
     geo = default_geometry(loaded.cfg.text, config.max_model_len, config.page_size)
-    return build_model(loaded.cfg, loaded.token_map, loaded.num, geo, dspark=dspark)
+    return loaded.family.build(loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark)
 
 
 def load_weights(
-    root: Path, cfg: ModelConfig, config: EngineConfig, num: Numerics, token_map: list[int]
+    family: ModelFamily, root: Path, cfg: Any, config: EngineConfig, num: Numerics, tokenizer: Any
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
     generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
     if config.load_format == "dummy":
         from dsgraph.runtime.dummy_weights import dummy_weights
 
-        return dummy_weights(cfg, num, token_map, device=config.platform)
-    checkpoint = load_checkpoint(root, cfg, progress=True, check_finite=config.check_weights)
-    return prepare_weights(cfg, checkpoint, num, token_map)
+        if family.dummy_token_map is None:
+            raise ValueError(f"load_format: 'dummy' is not available for {family.model_type} checkpoints yet")
+        return dummy_weights(cfg, num, family.dummy_token_map(tokenizer), device=config.platform)
+    return family.load_weights(root, cfg, tokenizer, num, config.check_weights)
 
 
-def cache_sizes(model: V41Model, config: EngineConfig) -> CacheSizes:
+def cache_sizes(model: Any, config: EngineConfig) -> CacheSizes:
     """Slots for max_num_seqs requests; pages from cache_budget_bytes, or for max_num_seqs requests of
     max_model_len when no budget is given."""
     if config.cache_budget_bytes is not None:

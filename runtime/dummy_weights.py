@@ -17,9 +17,9 @@ from torch import Tensor
 from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, expected_tensors, scale_name
 from dsgraph.models.deepseek_v41.config import ModelConfig
-from dsgraph.models.deepseek_v41.numerics import Numerics
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
 from dsgraph.models.deepseek_v41.weights import prepare_weights
+from dsgraph.models.interface import Numerics
 from dsgraph.platform.cuda import placement
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")

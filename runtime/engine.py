@@ -16,11 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.deepseek_v41.config import load_config
-from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
-from dsgraph.models.deepseek_v41.model import build_model
-from dsgraph.models.deepseek_v41.numerics import numerics_for
-from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
+from dsgraph.models.interface import default_geometry, numerics_for, ratios
+from dsgraph.models.registry import family_for
 from dsgraph.platform.cuda.execute import resolve_device
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
@@ -111,23 +108,23 @@ class Engine:
         root = Path(model_dir)
         self.model_dir = root
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
-        cfg = load_config(root)
+        family = family_for(root)
+        cfg = family.load_config(root)
         self.config, self.cfg = config, cfg
-        self.tokenizer = load_tokenizer(root, cfg.text.vocab_size)
-        token_map, _ = build_token_map(self.tokenizer)
+        self.tokenizer = family.load_tokenizer(root, cfg)
         num = numerics_for(config.numerics)
         max_len = checked_max_len(config.max_model_len, cfg.text.max_position_embeddings)
-        weights = load_weights(root, cfg, config, num, token_map)
+        weights = load_weights(family, root, cfg, config, num, self.tokenizer)
         if rank is not None:
             weights = rank.local_weights(weights)
         drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
         spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
         geo = default_geometry(cfg.text, max_len, config.page_size)
+        # the model first: a family without truncation refuses it there, naming the option
+        self.model = family.build(cfg, self.tokenizer, num, geo, spec.enabled, config.prefill_truncation)
         self.truncation = PrefillTruncation.for_engine(
             cfg.text, config.prefill_truncation, config.prefill_keep_tokens, spec.nextn or None
         )
-        truncation = config.prefill_truncation
-        self.model = build_model(cfg, token_map, num, geo, dspark=spec.enabled, truncation=truncation)
         if rank is not None:
             self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()

@@ -71,10 +71,10 @@ def _prompt_fields(item: object) -> tuple[str | None, list[int] | None]:
 
 def _tokenizer(model_dir: Path) -> Any:
     """The engine's tokenizer of a checkpoint, for a front process that holds no engine."""
-    from dsgraph.models.deepseek_v41.config import load_config
-    from dsgraph.models.deepseek_v41.engram_map import load_tokenizer
+    from dsgraph.models.registry import family_for
 
-    return load_tokenizer(model_dir, load_config(model_dir).text.vocab_size)
+    family = family_for(model_dir)
+    return family.load_tokenizer(Path(model_dir), family.load_config(model_dir))
 
 
 class LLM:

@@ -28,7 +28,7 @@ from dsgraph.runtime import _native
 from dsgraph.runtime._native import Allocation, EngineType, StepPlan, ThroughputCurve, VerifyMode
 
 if TYPE_CHECKING:
-    from dsgraph.models.deepseek_v41.model import V41Model
+    from dsgraph.models.interface import Model as V41Model
 
 __all__ = [
     "Allocation",
@@ -115,7 +115,7 @@ class SchedulerConfig:
         **kw: object,
     ) -> SchedulerConfig:
         """Cache layout, lookback, vocabulary and replay length from `model`; other fields from `kw`."""
-        from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, ratios
+        from dsgraph.models.interface import ROLLBACK_ROOM, ratios
 
         nextn = kw.get("nextn", DEFAULT_NEXTN)
         in_room = isinstance(nextn, int) and 1 <= nextn <= ROLLBACK_ROOM - 1

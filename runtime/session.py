@@ -37,8 +37,8 @@ import torch
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
 from dsgraph.graph.types import TensorType
-from dsgraph.models.deepseek_v41.model import V41Model, trace_step
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import Model as V41Model
+from dsgraph.models.interface import ratios
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.cuda.execute import resolve_device
@@ -127,7 +127,7 @@ class Session:
         capture_max_tokens: int = CAPTURE_MAX_TOKENS,
         host_min_bytes: int | None = None,
     ) -> None:
-        from dsgraph.models.deepseek_v41.weights import weight_types
+        from dsgraph.models.interface import weight_types
         from dsgraph.runtime.spec_draft import target_weights
 
         name = platform if isinstance(platform, str) else platform.name
@@ -147,7 +147,7 @@ class Session:
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self._weight_types = weight_types(target, backbone_only=False)
         self._debug = debug
-        self.graph: Graph = trace_step(model, self._weight_types, debug=debug)
+        self.graph: Graph = model.trace_step(self._weight_types, debug=debug)
         self.graphs: dict[bool, Graph] = {False: self.graph}  # truncated prefill -> its graph variant
         self.cache_sizes = caches
         self.caches = {
@@ -220,8 +220,8 @@ class Session:
 
     def _graph(self, truncated: bool) -> Graph:
         if truncated not in self.graphs:
-            self.graphs[truncated] = trace_step(
-                self.model, self._weight_types, debug=self._debug, truncated=True
+            self.graphs[truncated] = self.model.trace_step(
+                self._weight_types, debug=self._debug, truncated=True
             )
         return self.graphs[truncated]
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from dsgraph.models.deepseek_v41.model import V41Model
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import Model as V41Model
+from dsgraph.models.interface import ratios
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 

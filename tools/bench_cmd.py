@@ -76,6 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)
-    from dsgraph.tools.bench import serve_args
+    from dsgraph.tools.bench import serve_args, v4_bench
 
-    serve_args.add_parser(p.add_subparsers(dest="mode", metavar="MODE"))
+    modes = p.add_subparsers(dest="mode", metavar="MODE")
+    serve_args.add_parser(modes)
+    v4_bench.add_parser(modes)

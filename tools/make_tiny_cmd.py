@@ -19,9 +19,16 @@ def _override(text: str) -> tuple[str, Any]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "make-tiny", help="write a random V4.1 checkpoint (config.json, tokenizer.json, safetensors)"
+        "make-tiny",
+        help="write a random V4.1 or V4 checkpoint (config.json, tokenizer.json, safetensors)",
     )
     p.add_argument("out", help="output directory")
+    p.add_argument(
+        "--model-type",
+        choices=["deepseek_v41", "deepseek_v4"],
+        default="deepseek_v41",
+        help="DeepSeek-V4.1-Flash (default) or DeepSeek-V4-Flash",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", choices=["tiny", "deepseek"], default="tiny")
     p.add_argument(
@@ -30,12 +37,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_override,
         action="append",
         default=[],
-        help="config override KEY=VALUE (text_config key or top-level key; VALUE is JSON)",
+        help="config override KEY=VALUE (V4.1: text_config or top-level key; V4: a config.json key; "
+        "VALUE is JSON)",
     )
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.model_type == "deepseek_v4":
+        from dsgraph.models.deepseek_v4.tiny import make_tiny as make_v4
+
+        if args.tokenizer != "tiny":
+            raise SystemExit(
+                "make-tiny: --tokenizer deepseek is available for --model-type deepseek_v41 only"
+            )
+        out = make_v4(args.out, seed=args.seed, overrides=dict(args.overrides))
+        print(f"wrote random DeepSeek-V4 checkpoint (seed {args.seed}, tiny tokenizer) to {out}")
+        return 0
     from dsgraph.models.deepseek_v41.tiny import make_tiny
 
     out = make_tiny(args.out, seed=args.seed, overrides=dict(args.overrides), tokenizer=args.tokenizer)

@@ -159,6 +159,7 @@ def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
     """Stop before loading anything when this machine's GPUs cannot hold the plan (the `dsgraph plan`
     breakdown says why), or when there are more ranks than GPUs."""
     from dsgraph.models.deepseek_v41.config import load_config
+    from dsgraph.models.registry import family_for
     from dsgraph.platform.devices import device_count, device_memory_bytes
     from dsgraph.runtime.distributed.plan import GIB, PlanRequest, plan
     from dsgraph.tools.ep_args import check_gpus
@@ -168,7 +169,7 @@ def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
     if available:  # no device at all: the engine names the missing platform (DeviceUnavailable)
         check_gpus(ep, rv, available)
     mem = args.gpu_mem * GIB if args.gpu_mem is not None else device_memory_bytes(args.platform)
-    if mem is None:
+    if mem is None or family_for(root).model_type != "deepseek_v41":  # `dsgraph plan` knows V4.1 only
         return
     try:
         req = PlanRequest(

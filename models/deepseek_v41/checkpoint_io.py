@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -110,6 +110,8 @@ def load_checkpoint(
     weights: Weights = "stored",
     progress: bool = True,
     check_finite: bool | None = None,
+    expected: dict[str, TensorSpec] | None = None,
+    skipped: Callable[[str], bool] = is_vision_tensor,
 ) -> dict[str, Tensor]:
     """Load and check a checkpoint directory.
 
@@ -118,14 +120,15 @@ def load_checkpoint(
     "f32" also upcasts the plain BF16 tensors (lossless), "bf16" keeps plain tensors as stored (the FP32
     ones are FP32 by design). Vision tensors are skipped. `check_finite` checks that every floating
     tensor is finite (CheckpointError naming the first that is not); None: only for checkpoints up to
-    FINITE_CHECK_BYTES, where the pass costs little.
+    FINITE_CHECK_BYTES, where the pass costs little. `expected` (default: V4.1's `expected_tensors(cfg)`)
+    and `skipped` (tensors not read, default the vision tensors) let another model reuse the loader.
     """
     if weights not in ("stored", "bf16", "f32"):
         raise ValueError(f"weights: {weights!r} is not one of ('stored', 'bf16', 'f32')")
     root = Path(model_dir)
-    weight_map = _weight_map(root)
-    expected = expected_tensors(cfg)
-    headers, problems = _read_headers(root, weight_map)
+    weight_map = _weight_map(root, skipped)
+    expected = expected_tensors(cfg) if expected is None else expected
+    headers, problems = _read_headers(root, weight_map, skipped)
     problems += _compare(expected, headers)
     if problems:
         raise CheckpointError(root, problems)
@@ -139,7 +142,7 @@ def load_checkpoint(
     return _dequantize(stored, expected, weights, block)
 
 
-def _weight_map(root: Path) -> dict[str, str]:
+def _weight_map(root: Path, skipped: Callable[[str], bool] = is_vision_tensor) -> dict[str, str]:
     index = root / INDEX_NAME
     if index.is_file():
         try:
@@ -158,12 +161,12 @@ def _weight_map(root: Path) -> dict[str, str]:
                     for k in bad
                 ],
             )
-        return {k: v for k, v in data["weight_map"].items() if not is_vision_tensor(k)}
+        return {k: v for k, v in data["weight_map"].items() if not skipped(k)}
     if (root / _SINGLE_NAME).is_file():
         keys, problem = _shard_keys(root, _SINGLE_NAME)
         if problem:
             raise CheckpointError(root, [problem])
-        return {k: _SINGLE_NAME for k in keys if not is_vision_tensor(k)}
+        return {k: _SINGLE_NAME for k in keys if not skipped(k)}
     raise CheckpointError(root, [f"neither {INDEX_NAME} nor {_SINGLE_NAME} exists"])
 
 
@@ -177,7 +180,7 @@ def _shard_keys(root: Path, file: str) -> tuple[list[str], str | None]:
 
 
 def _read_headers(
-    root: Path, weight_map: dict[str, str]
+    root: Path, weight_map: dict[str, str], skipped: Callable[[str], bool] = is_vision_tensor
 ) -> tuple[dict[str, tuple[tuple[int, ...], str]], list[str]]:
     """name -> (shape, dtype) from the shard headers (no payload read)."""
     headers: dict[str, tuple[tuple[int, ...], str]] = {}
@@ -187,14 +190,18 @@ def _read_headers(
             problems.append(f"shard {file} (listed in {INDEX_NAME}) does not exist")
             continue
         try:
-            problems += _shard_header(root, file, weight_map, headers)
+            problems += _shard_header(root, file, weight_map, headers, skipped)
         except Exception as exc:  # a header that lists a tensor it cannot describe
             problems.append(f"shard {file}: cannot read its safetensors header: {exc}")
     return headers, problems
 
 
 def _shard_header(
-    root: Path, file: str, weight_map: dict[str, str], headers: dict[str, tuple[tuple[int, ...], str]]
+    root: Path,
+    file: str,
+    weight_map: dict[str, str],
+    headers: dict[str, tuple[tuple[int, ...], str]],
+    skipped: Callable[[str], bool] = is_vision_tensor,
 ) -> list[str]:
     problems = []
     listed = {n for n, s in weight_map.items() if s == file}
@@ -208,7 +215,7 @@ def _shard_header(
             sl = f.get_slice(name)
             headers[name] = (tuple(sl.get_shape()), sl.get_dtype())
         for name in sorted(present - listed):
-            if not is_vision_tensor(name) and weight_map.get(name) != file:
+            if not skipped(name) and weight_map.get(name) != file:
                 problems.append(f"tensor {name}: in shard {file} but not listed there by {INDEX_NAME}")
     end = _data_end(root / file)
     if end is not None and end > size:

@@ -152,10 +152,14 @@ def _indexer(b: _Builder, t: TextConfig, p: str, owns_keys: bool) -> None:
 
 
 def _ffn(b: _Builder, t: TextConfig, p: str, num_experts: int) -> None:
-    h, inter = t.hidden_size, t.moe_intermediate_size
-    b.plain(p + "ffn.gate.weight", (num_experts, h), "BF16")
+    b.plain(p + "ffn.gate.weight", (num_experts, t.hidden_size), "BF16")
     b.plain(p + "ffn.gate.bias", (num_experts,), "F32")
     b.plain(p + "ffn.gate.bias_vl", (num_experts,), "F32")
+    experts(b, t.hidden_size, t.moe_intermediate_size, p, num_experts)
+
+
+def experts(b: _Builder, h: int, inter: int, p: str, num_experts: int) -> None:
+    """The shared expert (FP8 blocks) and the routed experts (FP4 rows) of one MoE."""
     for prefix, kind in [(p + "ffn.shared_experts.", TensorKind.FP8_BLOCK)] + [
         (f"{p}ffn.experts.{e}.", TensorKind.FP4_ROWS) for e in range(num_experts)
     ]:

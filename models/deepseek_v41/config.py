@@ -183,13 +183,18 @@ def _warn_unknown(cfg: ModelConfig) -> None:
 
 def load_config(path: str | Path) -> ModelConfig:
     """Load `config.json` (or a checkpoint directory holding it) and parse it."""
+    return load_config_with(path, parse_config)
+
+
+def load_config_with(path: str | Path, parse: Callable[[Any], Any]) -> Any:
+    """`parse` applied to the JSON of `config.json` (or of a directory's), errors naming the file."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
         raise FileNotFoundError(f"config.json not found at {p}")
     try:
-        return parse_config(json.loads(p.read_text()))
+        return parse(json.loads(p.read_text()))
     except ConfigError as exc:
         exc.args = (f"{p}: {exc}",)  # keeps the field path, adds the file
         raise

@@ -19,14 +19,17 @@ def _expert_args(f: Forward, p: str) -> tuple[list[Tracer], dict[str, str]]:
     return [f.w(n) for n in names], dict(weight_format="dense", act_quant="none")
 
 
-def moe(f: Forward, layer: int, u: Tracer, *, prefix: str | None = None) -> Tracer:
-    """`u` [T, H] is ffn_norm(collapse(X)); routed experts + the shared expert -> [T, H]."""
+def moe(
+    f: Forward, layer: int, u: Tracer, *, prefix: str | None = None, bias: Tracer | None = None
+) -> Tracer:
+    """`u` [T, H] is ffn_norm(collapse(X)); routed experts + the shared expert -> [T, H]. `bias`: a
+    selection bias other than the gate's `ffn.gate.bias` (V4's hash-routed layers pass one per row)."""
     t, p = f.text, prefix or f"layers.{layer}."
     gate_w = f.w(p + "ffn.gate.weight")
     weights, ids = op.moe_route(
         f.cast(u, gate_w.dtype) if gate_w.dtype == "f32" else u,
         gate_w,
-        f.w(p + "ffn.gate.bias"),
+        f.w(p + "ffn.gate.bias") if bias is None else bias,
         topk=t.num_experts_per_tok if prefix is None else t.dspark_num_experts_per_tok,
         routed_scaling=float(t.routed_scaling_factor),
     )

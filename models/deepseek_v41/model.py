@@ -53,6 +53,17 @@ class V41Model:
             types.update(ring_types(self.cfg.text, self.geo.ring_len))
         return types
 
+    def trace_step(
+        self,
+        weights: Mapping[str, TensorType],
+        *,
+        name: str = "v41_step",
+        debug: bool = False,
+        truncated: bool = False,
+    ) -> Graph:
+        """The step graph (the model interface the runtime calls; `trace_step` below)."""
+        return trace_step(self, weights, name=name, debug=debug, truncated=truncated)
+
 
 def build_model(
     cfg: ModelConfig,

@@ -4,6 +4,7 @@ An entry is a row of uint8 `[..., entry_bytes]`:
 - FP8-g32 (SWA KV):         D bytes E4M3, then D/32 UE8M0 scale bytes          (D=512 -> 528 B)
 - NVFP4-g16 (compressed KV): D/2 packed E2M1 bytes, then D/16 E4M3 scale bytes  (D=512 -> 288 B)
 - MXFP4-g32 (index keys):    D/2 packed E2M1 bytes, then D/32 UE8M0 scale bytes (D=128 -> 68 B)
+- F32 (unquantized caches):  4*D bytes, the little-endian f32 values
 Packed bytes hold the even column in the low nibble. `decode(encode(x))` equals the codec's qdq(x)
 exactly (same dtype).
 """
@@ -28,6 +29,8 @@ from dsgraph.platform.cpu.quant import (
 )
 
 __all__ = [
+    "f32_decode",
+    "f32_encode",
     "fp8_g32_decode",
     "fp8_g32_encode",
     "fp8_g32_entry_bytes",
@@ -50,6 +53,15 @@ def nvfp4_g16_entry_bytes(width: int) -> int:
 
 def mxfp4_g32_entry_bytes(width: int) -> int:
     return width // 2 + width // 32
+
+
+def f32_encode(x: Tensor) -> Tensor:
+    return x.to(torch.float32).contiguous().view(torch.uint8)
+
+
+def f32_decode(entry: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    _width(entry, "f32", 1, 4)
+    return entry.contiguous().view(torch.float32).to(dtype)
 
 
 def _width(entry: Tensor, codec: str, num: int, den: int) -> int:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dsgraph.platform.cpu import invariant
-from dsgraph.platform.cpu.cache_format import fp8_g32_decode, mxfp4_g32_decode, nvfp4_g16_decode
+from dsgraph.platform.cpu.rules_quant import decode_entries
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
 NEG_INF = float("-inf")
@@ -43,7 +43,7 @@ def index_scores(
 ) -> Tensor:
     real, seq = real_rows("index_scores", seq_ids, block_table.shape[0])
     entries, allocated = _sequence_entries(block_table, keys, seq, real)
-    k = mxfp4_g32_decode(entries)  # [T, E, id]
+    k = decode_entries(p.key_fmt, entries)  # [T, E, id]
     dots = invariant.matmul(q, k.transpose(1, 2))  # [T, ih, E]
     scores = (dots.relu() * w.float().unsqueeze(-1)).sum(dim=1)
     entry = torch.arange(scores.shape[1], device=scores.device)
@@ -110,6 +110,7 @@ def _swa_keys(
     first: Tensor,
     slot: Tensor,
     window: int,
+    fmt: str = "fp8_g32",
 ) -> tuple[Tensor, Tensor]:
     """SWA keys of every row: (keys [T, window, hd] f32, valid [T, window] bool), oldest position first.
 
@@ -133,23 +134,39 @@ def _swa_keys(
             f"{t - window + 1 + j}, which holds another position or sequence; rows must be contiguous"
         )
     from_chunk = kv.float()[chunk_row] if rows else kv.float().new_zeros(0, window, kv.shape[1])
-    from_ring = fp8_g32_decode(ring[slot.unsqueeze(1), torch.remainder(pos, ring.shape[1])])
+    from_ring = decode_entries(fmt, ring[slot.unsqueeze(1), torch.remainder(pos, ring.shape[1])])
     keys = torch.where(in_chunk.unsqueeze(-1), from_chunk, from_ring)
     return torch.where(valid.unsqueeze(-1), keys, 0.0), valid
 
 
 def _compressed_keys(
-    pool: Tensor, block_table: Tensor, topk: Tensor, seq: Tensor, real: Tensor
+    pool: Tensor, block_table: Tensor, topk: Tensor, seq: Tensor, real: Tensor, fmt: str = "nvfp4_g16"
 ) -> tuple[Tensor, Tensor]:
     """Selected compressed entries of every row: (keys [T, K, hd] f32, valid [T, K] bool)."""
     num_blocks, block_size = pool.shape[0], pool.shape[1]
     valid = real.unsqueeze(1) & (topk >= 0)
+    if not checking():  # fixed shapes, no host read (capturable): invalid slots read entry 0 and are masked
+        return _compressed_keys_unchecked(pool, block_table, topk, seq, valid, fmt)
     row, column = valid.nonzero(as_tuple=True)
     entry = topk.long()[row, column]
     block = locate_entries("attention", block_table, seq[row], entry, row, block_size, num_blocks)
     keys = torch.zeros(*topk.shape, pool.shape[2], dtype=torch.uint8, device=pool.device)
     keys[row, column] = pool[block, entry % block_size]
-    return torch.where(valid.unsqueeze(-1), nvfp4_g16_decode(keys), 0.0), valid
+    return torch.where(valid.unsqueeze(-1), decode_entries(fmt, keys), 0.0), valid
+
+
+def _compressed_keys_unchecked(
+    pool: Tensor, block_table: Tensor, topk: Tensor, seq: Tensor, valid: Tensor, fmt: str
+) -> tuple[Tensor, Tensor]:
+    num_blocks, block_size = pool.shape[0], pool.shape[1]
+    if block_table.shape[0] == 0 or block_table.shape[1] == 0:
+        block_table = block_table.new_full((1, max(block_table.shape[1], 1)), -1)
+    entry = topk.long().clamp_min(0)
+    column = torch.div(entry, block_size, rounding_mode="floor").clamp(max=block_table.shape[1] - 1)
+    block = block_table.long()[seq].gather(1, column)  # [T, K]
+    valid = valid & (block >= 0) & (block < num_blocks)
+    keys = pool[block.clamp(0, num_blocks - 1), entry % block_size]
+    return torch.where(valid.unsqueeze(-1), decode_entries(fmt, keys), 0.0), valid
 
 
 def _sink_softmax(logits: Tensor, valid: Tensor, sink: Tensor) -> Tensor:
@@ -167,10 +184,10 @@ def attention(p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operan
     )
     start, slot = per_row(seq_start, seq, real), per_row(seq_slot, seq, real)
     first = per_row(seq_window_start, seq, real)
-    keys, valid = _swa_keys(kv, ring, positions, seq, real, start, first, slot, p.window)
+    keys, valid = _swa_keys(kv, ring, positions, seq, real, start, first, slot, p.window, p.ring_fmt)
     if len(operands) == 8:
         pool, block_table, topk = operands[5:]
-        extra_keys, extra_valid = _compressed_keys(pool, block_table, topk, seq, real)
+        extra_keys, extra_valid = _compressed_keys(pool, block_table, topk, seq, real, p.pool_fmt)
         keys, valid = torch.cat((keys, extra_keys), dim=1), torch.cat((valid, extra_valid), dim=1)
     logits = invariant.matmul(q, keys.transpose(1, 2)) * p.softmax_scale  # [T, nh, N]
     probs = _sink_softmax(logits, valid, sink)

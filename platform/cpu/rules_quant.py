@@ -23,12 +23,14 @@ _QDQ: dict[str, Callable[[Tensor], Tensor]] = {
     "mxfp4_g32": mxfp4_g32_qdq,
     "nvfp4_g16": lambda x: nvfp4_g16_qdq(x, "divide"),
     "nvfp4_g16_recip": lambda x: nvfp4_g16_qdq(x, "reciprocal"),
+    "f32": lambda x: x,
 }
 _ENCODE: dict[str, Callable[[Tensor], Tensor]] = {
     "fp8_g32": CF.fp8_g32_encode,
     "mxfp4_g32": CF.mxfp4_g32_encode,
     "nvfp4_g16": lambda x: CF.nvfp4_g16_encode(x, "divide"),
     "nvfp4_g16_recip": lambda x: CF.nvfp4_g16_encode(x, "reciprocal"),
+    "f32": CF.f32_encode,
 }
 # Both NVFP4 value rules store the same byte layout; only encoding differs.
 _DECODE: dict[str, Callable[[Tensor, torch.dtype], Tensor]] = {
@@ -36,7 +38,13 @@ _DECODE: dict[str, Callable[[Tensor, torch.dtype], Tensor]] = {
     "mxfp4_g32": CF.mxfp4_g32_decode,
     "nvfp4_g16": CF.nvfp4_g16_decode,
     "nvfp4_g16_recip": CF.nvfp4_g16_decode,
+    "f32": CF.f32_decode,
 }
+
+
+def decode_entries(fmt: str, entries: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The values of cache entries in format `fmt` (what `cache_decode` computes)."""
+    return _DECODE[fmt](entries, dtype)
 
 
 def act_qdq(p: Any, x: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from dsgraph.platform.cpu.rules_quant import RULES as QUANT_RULES
 from dsgraph.platform.cpu.rules_rope import RULES as ROPE_RULES
 from dsgraph.platform.cpu.rules_sampling import RULES as SAMPLING_RULES
 from dsgraph.platform.cpu.rules_spec import RULES as SPEC_RULES
+from dsgraph.platform.cpu.rules_window import RULES as WINDOW_RULES
 from dsgraph.platform.registry import Platform
 
 PLATFORM = Platform(
@@ -30,5 +31,6 @@ PLATFORM = Platform(
         **SAMPLING_RULES,
         **DSPARK_RULES,
         **SPEC_RULES,
+        **WINDOW_RULES,
     },
 )

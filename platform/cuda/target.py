@@ -20,7 +20,8 @@ from typing import Any
 
 import dsgraph.ops  # noqa: F401  (declares the ops)
 from dsgraph.graph.ir import Eqn
-from dsgraph.platform.cpu.rules_cache import INPLACE_RULES
+from dsgraph.platform.cpu.rules_cache import INPLACE_RULES as CACHE_INPLACE
+from dsgraph.platform.cpu.rules_window import INPLACE_RULES as WINDOW_INPLACE
 from dsgraph.platform.cpu.target import PLATFORM as CPU
 from dsgraph.platform.cuda.kernel_config import KernelConfig
 from dsgraph.platform.registry import Platform, Rule
@@ -38,7 +39,9 @@ INPLACE: dict[str, Any] = {
     "swa_write": lambda _eqn: ((0, 0),),
     "paged_write": lambda _eqn: ((0, 0),),
     "compress": _compress_state,
+    "window_compress": lambda _eqn: ((4, 2),),
 }
+INPLACE_RULES = {**CACHE_INPLACE, **WINDOW_INPLACE}
 
 
 def _declared_ops(path: Path) -> list[str]:

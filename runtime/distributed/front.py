@@ -59,20 +59,17 @@ class GroupEngine:
     ) -> None:
         from dataclasses import asdict
 
-        from dsgraph.models.deepseek_v41.config import load_config
-        from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
-        from dsgraph.models.deepseek_v41.model import build_model
-        from dsgraph.models.deepseek_v41.numerics import numerics_for
-        from dsgraph.models.deepseek_v41.step_io import default_geometry
+        from dsgraph.models.interface import default_geometry, numerics_for
+        from dsgraph.models.registry import family_for
 
         root = Path(model_dir)
-        self.cfg, self.config = load_config(root), config
-        self.tokenizer = load_tokenizer(root, self.cfg.text.vocab_size)
-        token_map, _ = build_token_map(self.tokenizer)
+        family = family_for(root)
+        self.cfg, self.config = family.load_config(root), config
+        self.tokenizer = family.load_tokenizer(root, self.cfg)
         geo = default_geometry(
             self.cfg.text, min(config.max_model_len, self.cfg.text.max_position_embeddings), config.page_size
         )
-        self.model = build_model(self.cfg, token_map, numerics_for(config.numerics), geo)
+        self.model = family.build(self.cfg, self.tokenizer, numerics_for(config.numerics), geo, False)
         self.runner = EPRunner(root, ep, asdict(config), rv)
         self.group = self.runner.group
         self.owner: dict[int, int] = {}  # request -> rank

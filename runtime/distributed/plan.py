@@ -123,9 +123,8 @@ def model_bytes(cfg: Any, req: PlanRequest) -> ModelBytes:
     from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
     from dsgraph.models.deepseek_v41.checkpoint_spec import expected_tensors
     from dsgraph.models.deepseek_v41.model import build_model
-    from dsgraph.models.deepseek_v41.numerics import numerics_for
-    from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
     from dsgraph.models.deepseek_v41.weights import prepare_weights
+    from dsgraph.models.interface import default_geometry, numerics_for, ratios
     from dsgraph.runtime.session import CacheSizes
 
     t = cfg.text

@@ -12,7 +12,7 @@ IDLE_SLEEP_S = 0.002  # between rounds while every rank is idle: the group's hea
 
 
 def _usage(engine: Any, setup: Any) -> dict[str, Any]:
-    from dsgraph.models.deepseek_v41.step_io import ratios
+    from dsgraph.models.interface import ratios
 
     sched = engine.scheduler
     pages = {

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import ratios
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.errors import PublicError

@@ -11,7 +11,7 @@ from typing import Any
 import deepseek_recipe as dr
 from tokenizers import Tokenizer
 
-from dsgraph.models.deepseek_v41.engram_map import tokenizer_path
+from dsgraph.models.interface import tokenizer_path
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
 from dsgraph.runtime.server.errors import ApiError

@@ -142,7 +142,8 @@ def attention(
     tiling: str = ATTENTION_TILING,
 ) -> Tensor:  # fmt: skip
     """`tiling`: a name of VARIANTS (the cuda platform binds its KernelConfig's)."""
-    if not runs_kernels(q):
+    # The kernel reads FP8-g32 rings and NVFP4-g16 pools; other cache formats run the cpu rule on device.
+    if not runs_kernels(q) or (p.ring_fmt, p.pool_fmt) != ("fp8_g32", "nvfp4_g16"):
         return rules_attention.attention(p, q, kv, ring, sink, *operands)
     if should_check(q):
         _check_operands(p, ring, operands)

@@ -48,7 +48,7 @@ def _check_blocks(block_table: Tensor, num_blocks: int, seq: Tensor, real: Tenso
 def index_scores(
     p: Any, q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, positions: Tensor, seq_ids: Tensor
 ) -> Tensor:
-    if not runs_kernels(q):
+    if not runs_kernels(q) or p.key_fmt != "mxfp4_g32":  # the kernel decodes MXFP4 keys only
         return rules_attention.index_scores(p, q, w, keys, block_table, positions, seq_ids)
     from dsgraph.platform.cuda.kernels import indexer_tl as K
 

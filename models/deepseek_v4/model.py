@@ -1,0 +1,125 @@
+"""A V4 model ready to trace: config, layer plans, numerics and cache geometry; the step graph.
+
+The step's inputs are the V4.1 step layout (models/deepseek_v41/step_io.py; V4 ignores `lookback`), so
+the runtime drives both models the same way. Caches: per layer `swa.{i}`; per compressed layer `ckv.{i}`
+pages and `comp.{i}` compressor state; per CSA layer also `kidx.{i}` pages and `icomp.{i}` (the indexer's
+compressor state). Every cache holds f32 values (`attention_block.CACHE_FMT`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dsgraph.graph import Graph, TensorType, make_graph
+from dsgraph.models.deepseek_v4.attention_block import CACHE_FMT, attention
+from dsgraph.models.deepseek_v4.config import V4Config
+from dsgraph.models.deepseek_v4.layers import Attn, LayerPlan, layer_plans
+from dsgraph.models.deepseek_v41.backbone import _hc, embed, head
+from dsgraph.models.deepseek_v41.context import Forward, Tracer
+from dsgraph.models.deepseek_v41.ffn_block import moe
+from dsgraph.models.deepseek_v41.numerics import Numerics
+from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, CacheGeometry, step_types
+from dsgraph.ops import op
+from dsgraph.ops.quant import entry_bytes
+from dsgraph.ops.window_compress import window_span
+
+__all__ = ["V4Model", "build_model", "trace_step"]
+
+
+@dataclass(frozen=True)
+class V4Model:
+    cfg: V4Config
+    plans: tuple[LayerPlan, ...]
+    num: Numerics
+    geo: CacheGeometry
+    dspark: bool = False  # V4 has no DSpark drafter
+    expert_parallel: bool = False
+
+    def step_types(self) -> dict[str, TensorType]:
+        return step_types(self.cfg.text, self.plans, self.geo)  # type: ignore[arg-type]
+
+    def cache_types(self) -> dict[str, TensorType]:
+        t, g = self.cfg.text, self.geo
+        types: dict[str, TensorType] = {}
+        for p in self.plans:
+            types[f"swa.{p.index}"] = TensorType(
+                ("slots", g.ring_len, entry_bytes(CACHE_FMT, t.head_dim)), "u8"
+            )
+            if p.attn is Attn.SWA:
+                continue
+            caches = [("ckv", "comp", t.head_dim)]
+            if p.attn is Attn.CSA:
+                caches.append(("kidx", "icomp", t.index_head_dim))
+            ring = window_span(p.ratio, p.overlap) + ROLLBACK_ROOM - 1
+            for pool, state, width in caches:
+                entry = entry_bytes(CACHE_FMT, width)
+                types[f"{pool}.{p.index}"] = TensorType((f"blocks{p.ratio}", g.page_size, entry), "u8")
+                series = 2 * width if p.overlap else width
+                types[f"{state}.{p.index}"] = TensorType(("slots", ring, 2, series), "f32")
+        return types
+
+    def trace_step(
+        self, weights: Mapping[str, TensorType], *, name: str = "v4_step", debug: bool = False
+    ) -> Graph:
+        return trace_step(self, weights, name=name, debug=debug)
+
+
+def build_model(cfg: V4Config, num: Numerics, geo: CacheGeometry, *, dspark: bool = False) -> V4Model:
+    if dspark:
+        raise ValueError("build_model: DeepSeek-V4 has no DSpark drafter (its MTP layer is not implemented)")
+    return V4Model(cfg, layer_plans(cfg.text), num, geo)
+
+
+def _hc_head(f: Forward, x: Tracer) -> Tracer:
+    """The final collapse's stream weights [T, n] f32: sigmoid(scale * (fn . v) / rms(v) + base) + hc_eps."""
+    t = f.text
+    flat = op.reshape(f.cast(x, "f32"), shape=("tokens", t.hc_mult * t.hidden_size))
+    rms = op.rsqrt(op.reduce_mean(flat * flat, axes=(-1,), keepdims=True) + float(t.rms_norm_eps))
+    mix = op.linear(flat, f.w("hc_head_fn"), out_dtype="f32") * rms
+    return op.sigmoid(mix * f.w("hc_head_scale") + f.w("hc_head_base")) + float(t.hc_eps)
+
+
+def _block(f: Forward, plan: LayerPlan, x: Tracer, entries: int) -> Tracer:
+    """Each sublayer's mHC coefficients come from its own input streams and are used at once."""
+    p = f"layers.{plan.index}."
+    pre, post, comb = _hc(f, x, p + "hc_attn")
+    u = f.norm(op.hc_collapse(x, pre, out_dtype=f.num.act_dtype), p + "attn_norm.weight")
+    x = op.hc_expand(attention(f, plan, u, entries), x, post, comb)
+    pre, post, comb = _hc(f, x, p + "hc_ffn")
+    u = f.norm(op.hc_collapse(x, pre, out_dtype=f.num.act_dtype), p + "ffn_norm.weight")
+    bias = op.gather_rows(f.w(p + "ffn.gate.hash_bias"), f.step["token_ids"]) if plan.is_hash else None
+    return op.hc_expand(moe(f, plan.index, u, bias=bias), x, post, comb)
+
+
+def _forward(f: Forward, model: V4Model) -> dict[str, Any]:
+    x = embed(f)
+    for plan in model.plans:
+        entries = model.geo.pages_per_seq(plan.ratio) * model.geo.page_size if plan.ratio else 0
+        x = _block(f, plan, x, entries)
+    out: dict[str, Any] = {"logits": head(f, x, _hc_head(f, x))}
+    out["caches"] = dict(f.new_caches)
+    if f.debug is not None:
+        out["debug"] = dict(f.debug)
+    return out
+
+
+def trace_step(
+    model: V4Model, weights: Mapping[str, TensorType], *, name: str = "v4_step", debug: bool = False
+) -> Graph:
+    """The step graph: inputs `weights.*`, `caches.*`, `step.*`; outputs `logits` and `caches.*`."""
+
+    def step(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+        f = Forward(
+            model.cfg.text,  # type: ignore[arg-type]  (the fields Forward reads have V4 equivalents)
+            model.num,
+            weights,
+            step,
+            caches,
+            debug={} if debug else None,
+            expert_parallel=model.expert_parallel,
+        )
+        return _forward(f, model)
+
+    return make_graph(step, dict(weights), model.cache_types(), model.step_types(), name=name)

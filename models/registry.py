@@ -1,0 +1,115 @@
+"""The models dsgraph runs, keyed by config.json's `model_type`: one interface the runtime uses for all.
+
+A `ModelFamily` reads a checkpoint directory's config and tokenizer, builds the traceable model (an object
+with `cfg`, `plans`, `geo`, `dspark`, `step_types()`, `cache_types()`, `trace_step(...)`) and prepares its
+weights. The runtime imports this module, never a model package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FAMILIES", "ModelFamily", "family_for"]
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    model_type: str
+    load_config: Callable[[Path], Any]
+    # (root, cfg) -> the tokenizers.Tokenizer of the checkpoint
+    load_tokenizer: Callable[[Path, Any], Any]
+    # (cfg, tokenizer, numerics, geometry, dspark[, prefill truncation mode]) -> the model
+    build: Callable[..., Any]
+    # (root, cfg, tokenizer, numerics, check_finite) -> the step graph's weight inputs
+    load_weights: Callable[[Path, Any, Any, Any, bool | None], dict[str, Any]]
+    # tokenizer -> the Engram token map `runtime/dummy_weights.py` needs; None: no random weights yet
+    dummy_token_map: Callable[[Any], list[int]] | None = None
+
+
+def _v41_tokenizer(root: Path, cfg: Any) -> Any:
+    from dsgraph.models.deepseek_v41.engram_map import load_tokenizer
+
+    return load_tokenizer(root, cfg.text.vocab_size)
+
+
+def _v41_build(cfg: Any, tokenizer: Any, num: Any, geo: Any, dspark: bool, truncation: str = "off") -> Any:
+    from dsgraph.models.deepseek_v41.engram_map import build_token_map
+    from dsgraph.models.deepseek_v41.model import build_model
+
+    return build_model(cfg, build_token_map(tokenizer)[0], num, geo, dspark=dspark, truncation=truncation)
+
+
+def _v41_weights(root: Path, cfg: Any, tokenizer: Any, num: Any, check: bool | None) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+    from dsgraph.models.deepseek_v41.engram_map import build_token_map
+    from dsgraph.models.deepseek_v41.weights import prepare_weights
+
+    checkpoint = load_checkpoint(root, cfg, progress=True, check_finite=check)
+    return prepare_weights(cfg, checkpoint, num, build_token_map(tokenizer)[0])
+
+
+def _v41_token_map(tokenizer: Any) -> list[int]:
+    from dsgraph.models.deepseek_v41.engram_map import build_token_map
+
+    return build_token_map(tokenizer)[0]
+
+
+def _v41_config(root: Path) -> Any:
+    from dsgraph.models.deepseek_v41.config import load_config
+
+    return load_config(root)
+
+
+def _v4_config(root: Path) -> Any:
+    from dsgraph.models.deepseek_v4.config import load_config
+
+    return load_config(root)
+
+
+def _v4_build(cfg: Any, _tokenizer: Any, num: Any, geo: Any, dspark: bool, truncation: str = "off") -> Any:
+    from dsgraph.models.deepseek_v4.model import build_model
+
+    if truncation != "off":
+        raise ValueError(
+            f"prefill_truncation: {truncation!r} is not available for deepseek_v4 checkpoints "
+            "(allowed: 'off')"
+        )
+    return build_model(cfg, num, geo, dspark=dspark)
+
+
+def _v4_weights(root: Path, cfg: Any, _tokenizer: Any, num: Any, check: bool | None) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors, is_skipped
+    from dsgraph.models.deepseek_v4.weights import prepare_weights
+    from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+
+    stored = load_checkpoint(
+        root, cfg, progress=True, check_finite=check, expected=expected_tensors(cfg), skipped=is_skipped
+    )
+    return prepare_weights(cfg, stored, num)
+
+
+FAMILIES: dict[str, ModelFamily] = {
+    "deepseek_v41": ModelFamily(
+        "deepseek_v41", _v41_config, _v41_tokenizer, _v41_build, _v41_weights, _v41_token_map
+    ),
+    "deepseek_v4": ModelFamily("deepseek_v4", _v4_config, _v41_tokenizer, _v4_build, _v4_weights),
+}
+
+
+def family_for(model_dir: str | Path) -> ModelFamily:
+    """The family of a checkpoint directory (or config.json path), by its `model_type`."""
+    p = Path(model_dir)
+    path = p / "config.json" if p.is_dir() else p
+    try:
+        model_type = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return FAMILIES["deepseek_v41"]  # its loader reports the missing or malformed file
+    if model_type not in FAMILIES:
+        from dsgraph.models.deepseek_v41.config_rules import ConfigError
+
+        raise ConfigError(f"{path}: model_type", f"{model_type!r} is not one of {sorted(FAMILIES)}")
+    return FAMILIES[model_type]

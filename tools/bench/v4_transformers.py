@@ -1,0 +1,159 @@
+"""transformers' DeepseekV4ForCausalLM loaded with a V4 checkpoint's dequantized weights: the oracle of
+tests/oracle/test_v4_*.py (CPU, FP32, eager) and the transformers side of `dsgraph bench v4` (GPU, BF16).
+
+The renaming below is written from the release's tensor names (models/deepseek_v4/checkpoint_spec.py) to
+the module names of transformers' implementation; experts are stacked as its `gate_up_proj` [E, 2I, H]
+(w1 then w3) and `down_proj` [E, H, I].
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors, is_skipped
+from dsgraph.models.deepseek_v4.config import V4Config
+from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+
+_LEAF = [
+    (r"^embed\.weight$", "model.embed_tokens.weight"),
+    (r"^head\.weight$", "lm_head.weight"),
+    (r"^norm\.weight$", "model.norm.weight"),
+    (r"^hc_head_(fn|base|scale)$", r"model.hc_head.hc_\1"),
+]
+# first match wins, on the part after `layers.{i}.`; COMP then names the compressor's own tensors
+_LAYER = [
+    (r"attn_norm\.", "input_layernorm."),
+    (r"ffn_norm\.", "post_attention_layernorm."),
+    (r"hc_(attn|ffn)_(fn|base|scale)$", r"\1_hc.\2"),
+    (r"attn\.indexer\.compressor\.", "self_attn.compressor.indexer.COMP."),
+    (r"attn\.indexer\.wq_b\.", "self_attn.compressor.indexer.q_b_proj."),
+    (r"attn\.indexer\.weights_proj\.", "self_attn.compressor.indexer.scorer.weights_proj."),
+    (r"attn\.compressor\.", "self_attn.compressor.COMP."),
+    (r"attn\.wq_a\.", "self_attn.q_a_proj."),
+    (r"attn\.q_norm\.", "self_attn.q_a_norm."),
+    (r"attn\.wq_b\.", "self_attn.q_b_proj."),
+    (r"attn\.wkv\.", "self_attn.kv_proj."),
+    (r"attn\.kv_norm\.", "self_attn.kv_norm."),
+    (r"attn\.wo_a\.", "self_attn.o_a_proj."),
+    (r"attn\.wo_b\.", "self_attn.o_b_proj."),
+    (r"attn\.attn_sink$", "self_attn.sinks"),
+    (r"ffn\.gate\.bias$", "mlp.gate.e_score_correction_bias"),
+    (r"ffn\.gate\.", "mlp.gate."),
+    (r"ffn\.shared_experts\.w1\.", "mlp.shared_experts.gate_proj."),
+    (r"ffn\.shared_experts\.w2\.", "mlp.shared_experts.down_proj."),
+    (r"ffn\.shared_experts\.w3\.", "mlp.shared_experts.up_proj."),
+]
+_COMP = [(r"COMP\.wkv\.", "kv_proj."), (r"COMP\.wgate\.", "gate_proj."), (r"COMP\.ape$", "position_bias")]
+_COMP.append((r"COMP\.norm\.", "kv_norm."))
+_EXPERT = re.compile(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight")
+
+
+def hf_config(cfg_dict: dict[str, Any], cfg: V4Config) -> Any:
+    from transformers import DeepseekV4Config
+
+    t = cfg.text
+    names = {
+        0: "sliding_attention",
+        t.csa_ratio: "compressed_sparse_attention",
+        t.hca_ratio: "heavily_compressed_attention",
+    }
+    kept = {
+        k: v
+        for k, v in cfg_dict.items()
+        if k
+        not in (
+            "quantization_config",
+            "compress_ratios",
+            "num_hash_layers",
+            "qk_rope_head_dim",
+            "rope_scaling",
+            "architectures",
+            "model_type",
+            "dtype",
+        )
+    }
+    kept.update(
+        layer_types=[names[r] for r in t.compress_ratios],
+        mlp_layer_types=["hash_moe"] * t.num_hash_layers
+        + ["moe"] * (t.num_hidden_layers - t.num_hash_layers),
+        partial_rotary_factor=t.qk_rope_head_dim / t.head_dim,
+        rope_parameters=dict(cfg_dict["rope_scaling"]) if cfg_dict.get("rope_scaling") else None,
+    )
+    hf = DeepseekV4Config(**kept)
+    hf._attn_implementation = "eager"
+    return hf
+
+
+def _first_sub(rules: list[tuple[str, str]], name: str) -> str:
+    for pattern, repl in rules:
+        if re.match(pattern, name) or re.search(pattern, name) and pattern.startswith("COMP"):
+            return re.sub(pattern, repl, name, count=1)
+    return name
+
+
+def hf_state_dict(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    experts: dict[tuple[int, str], dict[int, Tensor]] = {}
+    for name, w in weights.items():
+        m = _EXPERT.fullmatch(name)
+        if m:
+            experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = w
+            continue
+        new = name
+        for pattern, repl in _LEAF:
+            new = re.sub(pattern, repl, new)
+        if new.startswith("layers."):
+            head, rest = re.match(r"(layers\.\d+\.)(.*)", new).groups()
+            rest = _first_sub(_LAYER, rest)
+            new = "model." + head + _first_sub(_COMP, rest)
+        out[new] = w
+    for (layer, which), by_id in list(experts.items()):
+        stack = torch.stack([by_id[e] for e in range(len(by_id))])
+        experts[(layer, which)] = {0: stack}
+    for layer in {k[0] for k in experts}:
+        p = f"model.layers.{layer}.mlp.experts."
+        w1, w2, w3 = (experts[(layer, w)][0] for w in ("w1", "w2", "w3"))
+        out[p + "gate_up_proj"] = torch.cat((w1, w3), dim=1)
+        out[p + "down_proj"] = w2
+    return out
+
+
+def load_tf_model(
+    model_dir: str | Path,
+    cfg_dict: dict[str, Any],
+    cfg: V4Config,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> Any:
+    """The model with the checkpoint's weights; at a BF16 `dtype` the modules transformers keeps in FP32
+    (`_keep_in_fp32_modules_strict`) stay FP32, as `from_pretrained` leaves them."""
+    from transformers import DeepseekV4ForCausalLM
+
+    weights = load_checkpoint(
+        model_dir, cfg, weights="f32", expected=expected_tensors(cfg), skipped=is_skipped
+    )
+    torch.manual_seed(0)
+    with torch.device(device):  # the full-width bench model is built on the GPU directly
+        model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg))
+    model = model.to(dtype).eval()
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    for name, module in model.named_modules():
+        if any(f".{k}." in f".{name}." or name.endswith(k) for k in keep):
+            module.float()
+    missing, unexpected = model.load_state_dict(hf_state_dict(weights), strict=False)  # casts per param
+    missing = [k for k in missing if "rotary_emb" not in k]
+    if missing or unexpected:
+        raise KeyError(f"transformers V4: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def tf_logits(model: Any, ids: list[int]) -> Tensor:
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=False)
+    return out.logits[0].float()
