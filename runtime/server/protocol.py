@@ -91,6 +91,37 @@ def _check_text_fits(text: str, context: int, bytes_per_token: int | None) -> No
         )
 
 
+PROBE_CHARS = 1 << 16  # a rendered prompt longer than this is tokenized in growing prefixes first
+PREFIX_MARGIN = 16  # tokens a prefix cut may have over the whole text's tokens before the cut
+
+
+def _cut(text: str, size: int) -> int:
+    """Where to cut `text` near `size`: between a word and the whitespace after it, where the
+    pre-tokenizers of the tokenizers the server loads end a pre-token (else at `size`)."""
+    cut = text.rfind(" ", 0, size)
+    while cut > 0 and text[cut - 1].isspace():
+        cut -= 1
+    return cut if cut > 0 else size
+
+
+def check_prefix_fits(text: str, context: int, tok: Tokenizer) -> None:
+    """400 for a long rendered prompt whose leading part alone has more than `context` tokens (plus the
+    cut's margin), found by tokenizing prefixes of 4x growing length: a prompt far over the context never
+    gets tokenized whole (tokenizing costs about 250 bytes of memory per character)."""
+    size = PROBE_CHARS
+    while context > 0 and size < len(text):
+        cut = _cut(text, size)
+        n = len(tok.encode_batch([text[:cut]], add_special_tokens=False)[0].ids)
+        if n > context + PREFIX_MARGIN:
+            raise ApiError(
+                400,
+                f"messages: the rendered prompt has more than {n - PREFIX_MARGIN} tokens (its first {cut} "
+                f"of {len(text)} characters alone); the context is {context} tokens",
+                "messages",
+            )
+        size *= 4
+
+
 def encode_prompt(
     conv: dr.ConversationRequest,
     recipe_tok: dr.Tokenizer,
@@ -108,6 +139,7 @@ def encode_prompt(
     enc = dr.DeepseekV41Encoding()
     text = enc.render_conversation(conv.conversation).prompt
     _check_text_fits(text, context, bytes_per_token)
+    check_prefix_fits(text, context, engine_tok)
     try:
         return list(enc.with_tokenizer(recipe_tok).encode(conv.conversation))
     except RuntimeError as exc:
