@@ -15,7 +15,14 @@ from dsgraph.models.deepseek_v41.engram_map import tokenizer_path
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
 from dsgraph.runtime.server.errors import ApiError
-from dsgraph.runtime.server.fields import Extras, check_bounds, name_recipe_error, take_extras
+from dsgraph.runtime.server.fields import (
+    UNSUPPORTED_BY_API,
+    Extras,
+    check_bounds,
+    check_unsupported,
+    take_extras,
+)
+from dsgraph.runtime.server.recipe_errors import name_conversion_error, name_recipe_error
 from dsgraph.runtime.server.structured_format import request_constraint
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
@@ -57,13 +64,14 @@ def convert(
         raise ApiError(400, f"request body: a JSON {type(values).__name__}, expected an object")
     _check_types(values, api.scalars)
     check_bounds(api.name, values)
+    check_unsupported(values, UNSUPPORTED_BY_API.get(api.name, {}))
     body, extras = take_extras(api.name, values)
     try:
         conv, generator = api.open(json.dumps(body).encode(), options)
     except dr.ConversionError as exc:
-        raise ApiError.from_conversion(exc) from exc
+        raise name_conversion_error(ApiError.from_conversion(exc), values) from exc
     except ValueError as exc:
-        raise name_recipe_error(str(exc), values) from exc
+        raise name_recipe_error(str(exc), values, tuple(api.scalars)) from exc
     return conv, generator, extras
 
 
