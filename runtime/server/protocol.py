@@ -4,7 +4,7 @@ and SamplingParams; errors as ApiError holding the OpenAI `{"error": {...}}` obj
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from dsgraph.runtime.server.fields import (
     take_extras,
 )
 from dsgraph.runtime.server.recipe_errors import name_conversion_error, name_recipe_error
-from dsgraph.runtime.server.structured_format import request_constraint
+from dsgraph.runtime.server.structured_format import constrains_tool_calls, request_constraint
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 
@@ -36,6 +36,8 @@ class Prepared:
     params: SamplingParams
     stream: bool
     generator: GeneratorFactory
+    # the recipe's parser gets the engine's text instead of token ids (see `prepare`)
+    text_chunks: bool = False
 
 
 def conversion_options(model_name: str, thinking: bool) -> dr.ConversionOptions:
@@ -215,7 +217,14 @@ def prepare(
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
     structured = request_constraint(api, values, conv)
     params = sampling_params(conv, extras, len(ids), max_model_len, structured)
-    return Prepared(conv, ids, params, conv.stream, generator)
+    # A tool-call grammar allows any spelling of its text in tokens, and a model under it may write the
+    # DSML markers from byte-level pieces; the recipe's token-id parser then misses the end of a string
+    # parameter, while its text parser does not. Such requests (without logprobs, which need the ids)
+    # reach the parser as the engine's detokenized text, special tokens kept.
+    text_chunks = params.logprobs is None and constrains_tool_calls(api, values, conv)
+    if text_chunks:
+        params = replace(params, skip_special_tokens=False)
+    return Prepared(conv, ids, params, conv.stream, generator, text_chunks)
 
 
 def recipe_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> dr.Tokenizer:
