@@ -27,6 +27,7 @@ from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.kvstore.pd_engines import admit_handoff, export_handoff, pd_state
 from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
+from dsgraph.runtime.row_checks import row_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan, model_inputs
@@ -345,33 +346,26 @@ class Engine:
             logits = self._run(plan, fix)
             if self.spec is None:
                 s, num_emitted, drafts = self._sample(plan, logits), None, None
+                causes = row_causes(logits, s.tokens, self.cfg.text.vocab_size)
+                failed = self._fail_rows(plan.sample_rids, causes, s.tokens)
             else:
                 forward_ms = (time.perf_counter() - start) * 1e3
-                s, num_emitted, drafts = self._verify_and_draft(plan, logits, forward_ms)
+                s, num_emitted, drafts, failed = self._verify_and_draft(plan, logits, forward_ms)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
-        failed = self._fail_invalid(plan, logits, s) if self.spec is None else []
         events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
         return failed + self._token_events(plan, s, events, num_emitted)
 
-    def _fail_invalid(self, plan, logits: torch.Tensor, s: Samples) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        """Fail alone each request whose logits hold NaN or +inf or whose sampled id is outside the
-        vocabulary; its row gets a placeholder token, which the scheduler drops for an aborted request.
-        (-inf is a valid logit: that token is never sampled.)"""
-        vocab = self.cfg.text.vocab_size
-        finite = ~(torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1).cpu()
-        bad = ~finite | (s.tokens < 0) | (s.tokens >= vocab)
+    def _fail_rows(self, rids, causes: dict[int, str], tokens: torch.Tensor) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
+        """Fail alone each request with an invalid sample row (runtime/row_checks.py, `rids`: the
+        request of each row); the row gets a placeholder token, which the scheduler drops for an aborted
+        request."""
         out = []
-        for i in torch.nonzero(bad).flatten().tolist():
-            rid = int(plan.sample_rids[i])
+        for i, cause in causes.items():
+            rid = int(rids[i])
             if rid in self.live and self.live[rid].finish is None:
-                cause = (
-                    "the model's logits hold NaN or +inf"
-                    if not finite[i]
-                    else f"sampled token id {int(s.tokens[i])} is outside the vocabulary [0, {vocab})"
-                )
                 out.append(self._fail(rid, FloatingPointError(cause)))
-            s.tokens[i] = 0
+            tokens[i] = 0
         return out
 
     def _token_events(self, plan, s: Samples, events, num_emitted=None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
@@ -401,12 +395,16 @@ class Engine:
 
     def _verify_and_draft(
         self, plan: StepPlan, logits: torch.Tensor, forward_ms: float
-    ) -> tuple[Samples, np.ndarray, tuple[np.ndarray, ...]]:
+    ) -> tuple[Samples, np.ndarray, tuple[np.ndarray, ...], list[TokenEvent]]:
         """Verify the plan's drafts, record the statistics, draft for continuing requests; the measured
-        forward time corrects the throughput curve (a step larger than the curve is not a sample of it)."""
+        forward time corrects the throughput curve (a step larger than the curve is not a sample of it).
+        A sequence with an invalid row fails alone before drafting (its events are returned last)."""
         assert self.spec is not None
         seqs = [self._seq_info(int(rid)) for rid in plan.seq_rids[: plan.num_seqs]]
         v: Verified = self.spec.verify(plan, logits, seqs)
+        failed = self._fail_rows(plan.sample_rids, self.spec.invalid_rows(plan, logits, v), v.samples.tokens)
+        if failed:  # a failed request is not drafted for
+            seqs = [self._seq_info(int(rid)) for rid in plan.seq_rids[: plan.num_seqs]]
         curve = self.spec.scheduler.curve
         if curve is not None and plan.num_tokens <= curve.largest:
             curve.observe(plan.num_tokens, forward_ms)
@@ -416,7 +414,7 @@ class Engine:
                 self.live[rid].num_accepted_tokens += accepted
         drafts = self.spec.draft(plan, v, seqs)
         self.scheduler.native.draft_ms = self.spec.next_draft_ms  # the next plan weighs its draft pass
-        return v.samples, v.num_emitted, drafts
+        return v.samples, v.num_emitted, drafts, failed
 
     def _seq_info(self, rid: int) -> SeqInfo | None:
         live = self.live.get(rid)

@@ -16,8 +16,10 @@ last step. A request added between calls joins the plan made by the next call, t
 
 Steps with prompt-logprob rows or teacher-forced tokens (`golden_token_ids`) run without overlap: the
 step in flight is resolved first (a second native call), then the step runs, is sampled, read and
-committed as in `Engine._plain_step`. DSpark verify and draft steps are never overlapped (overlap is off
-with drafting on). Prefill chunks overlap like decode rows: their tokens are known on the host.
+committed as in `Engine._plain_step`. A row whose logits hold NaN/+inf or whose sampled id is outside
+the vocabulary fails its request alone, as in plain steps (runtime/row_checks.py). DSpark verify and
+draft steps are never overlapped (overlap is off with drafting on). Prefill chunks overlap like decode
+rows: their tokens are known on the host.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from dsgraph.runtime.input_fix import InputFix
+from dsgraph.runtime.row_checks import mark_invalid, marked_causes
 from dsgraph.runtime.sampler import PendingSamples, SampleCopies, Samples
 
 if TYPE_CHECKING:
@@ -86,6 +90,9 @@ class OverlapLoop:
         launched, failed = self._launch(plan)
         prev, self.flight = self.flight, launched
         tokens = prev.tokens() if prev is not None else np.zeros(0, dtype=np.int32)
+        if prev is not None and prev.pending is not None:  # its invalid rows fail before their commit
+            causes = marked_causes(prev.pending.wait(), e.cfg.text.vocab_size)
+            failed += e._fail_rows(prev.plan.sample_rids, causes, torch.from_numpy(tokens))
         events, e._plan = e.scheduler.advance_ahead(tokens)
         return failed + self._emit(prev, events)
 
@@ -102,7 +109,9 @@ class OverlapLoop:
         try:
             prev = self.flight.samples if self.flight is not None else None
             fix = InputFix.of(plan, None if prev is None else prev.tokens)
-            s = e._sample(plan, e._run(plan, fix), to_host=False)
+            logits = e._run(plan, fix)
+            # a bad row's token feeds the next step on the device: replaced there (row_checks.py)
+            s = mark_invalid(logits, e._sample(plan, logits, to_host=False), e.cfg.text.vocab_size)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return Flight(plan), e._fail_requests(plan, exc)
         return Flight(plan, s, self.copies.start(s)), []

@@ -45,6 +45,7 @@ import torch
 
 from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+from dsgraph.runtime.row_checks import row_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.scheduler import StepPlan
@@ -93,7 +94,7 @@ class SpecDecoder:
         self.drafter = DraftRunner(session, weights, stream=0 if deterministic else DRAFT_STREAM)
         self.sampler, self.scheduler, self.nextn = sampler, scheduler, nextn
         self.deterministic = deterministic
-        vocab = session.model.cfg.text.vocab_size
+        self.vocab = vocab = session.model.cfg.text.vocab_size
         self.pool = torch.zeros(session.cache_sizes.num_slots, nextn, vocab, device=session.device)
         self.confidence: dict[int, np.ndarray] = {}  # rid -> confidences of the drafts it holds
         self.draft_hook: DraftHook | None = None
@@ -136,6 +137,14 @@ class SpecDecoder:
         emitted[mask] = -1
         samples = Samples(torch.from_numpy(emitted), logprobs, s.top_logprobs, s.top_ids)
         return Verified(samples, num_emitted, accepted.astype(np.int32))
+
+    def invalid_rows(self, plan: StepPlan, logits: torch.Tensor, v: Verified) -> dict[int, str]:
+        """Sample row -> cause, for rows whose logits hold NaN/+inf or whose emitted id lies outside the
+        vocabulary (runtime/row_checks.py; rows past a sequence's emission carry no token)."""
+        start, length = np.asarray(plan.verify_start), np.asarray(plan.verify_len)
+        row_seq = np.repeat(np.arange(len(length)), length)
+        emitted = np.arange(len(row_seq)) - start[row_seq] < v.num_emitted[row_seq]
+        return row_causes(logits, v.samples.tokens, self.vocab, emitted)
 
     def _exact(
         self,
@@ -237,6 +246,9 @@ class SpecDecoder:
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
                 self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
+                # a draft id outside the vocabulary (a broken drafter) would be an input of the next step
+                d = tokens[k, : lengths[k]]
+                lengths[k] = _leading((d >= 0) & (d < self.vocab))
                 self._trim(
                     drafted[i][1].rid, emitted[start[k] : start[k] + v.num_emitted[k]], tokens[k], lengths, k
                 )

@@ -101,9 +101,11 @@ class ServerState:
         self.loop.close()
 
 
-def _chunk(event: TokenEvent, want_logprobs: bool, eos: int) -> dr.InferenceChunk:
+def _chunk(event: TokenEvent, want_logprobs: bool, eos: int, text: bool = False) -> dr.InferenceChunk:
     if event.token == eos and event.finished:
         return dr.InferenceChunk.text("", 1)  # counted as a completion token, never shown as text
+    if text:  # Prepared.text_chunks
+        return dr.InferenceChunk.text(event.text, 1)
     lps = [(event.logprob, event.top)] if want_logprobs else None
     return dr.InferenceChunk.tokens([event.token], lps)
 
@@ -157,7 +159,7 @@ async def _recipe_chunks(
             if event.token >= 0:
                 state.metrics.generated_tokens.inc()
                 track.observe(state.metrics)
-                for out in proc.push(_chunk(event, want_lp, state.eos)):
+                for out in proc.push(_chunk(event, want_lp, state.eos, prep.text_chunks)):
                     yield out
             # the recipe ends the response itself at a stop sequence, possibly before the engine sees it
             if event.finished or proc.finished:

@@ -9,13 +9,14 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
+from dsgraph.runtime.server.fields import UNSUPPORTED, check_unsupported
 from dsgraph.runtime.server.protocol import ApiError
 
 __all__ = ["CompletionRequest", "parse_completion"]
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 # OpenAI fields that would change the output and have no counterpart yet: refused unless at their default
-_UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "suffix": None}
+_UNSUPPORTED = {**UNSUPPORTED, "suffix": None}
 # vLLM's extra fields, passed to SamplingParams as they are
 _EXTRA = ("top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", "skip_special_tokens")
 _EXTRA += ("include_stop_str_in_output",)
@@ -90,9 +91,7 @@ def parse_completion(body: Any, tok: Tokenizer, max_model_len: int, vocab_size: 
     """A parsed request body (limits.parse_json) as a completion request; 400 naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
-    for name, default in _UNSUPPORTED.items():
-        if body.get(name, default) not in (default, None):
-            raise ApiError(400, f"{name}: {body[name]!r} is not supported yet (only {default!r})", name)
+    check_unsupported(body, _UNSUPPORTED)
     n = _field(body, "n", (int,), 1)
     if _field(body, "best_of", (int,), n) != n:
         raise ApiError(400, f"best_of: {body['best_of']!r} is not supported (only equal to n)", "best_of")

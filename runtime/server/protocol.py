@@ -4,7 +4,7 @@ and SamplingParams; errors as ApiError holding the OpenAI `{"error": {...}}` obj
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,15 @@ from dsgraph.models.interface import tokenizer_path
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.server.apis import Api, GeneratorFactory
 from dsgraph.runtime.server.errors import ApiError
-from dsgraph.runtime.server.fields import Extras, check_bounds, name_recipe_error, take_extras
-from dsgraph.runtime.server.structured_format import request_constraint
+from dsgraph.runtime.server.fields import (
+    UNSUPPORTED_BY_API,
+    Extras,
+    check_bounds,
+    check_unsupported,
+    take_extras,
+)
+from dsgraph.runtime.server.recipe_errors import name_conversion_error, name_recipe_error
+from dsgraph.runtime.server.structured_format import constrains_tool_calls, request_constraint
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
 
@@ -29,6 +36,8 @@ class Prepared:
     params: SamplingParams
     stream: bool
     generator: GeneratorFactory
+    # the recipe's parser gets the engine's text instead of token ids (see `prepare`)
+    text_chunks: bool = False
 
 
 def conversion_options(model_name: str, thinking: bool) -> dr.ConversionOptions:
@@ -57,13 +66,14 @@ def convert(
         raise ApiError(400, f"request body: a JSON {type(values).__name__}, expected an object")
     _check_types(values, api.scalars)
     check_bounds(api.name, values)
+    check_unsupported(values, UNSUPPORTED_BY_API.get(api.name, {}))
     body, extras = take_extras(api.name, values)
     try:
         conv, generator = api.open(json.dumps(body).encode(), options)
     except dr.ConversionError as exc:
-        raise ApiError.from_conversion(exc) from exc
+        raise name_conversion_error(ApiError.from_conversion(exc), values) from exc
     except ValueError as exc:
-        raise name_recipe_error(str(exc), values) from exc
+        raise name_recipe_error(str(exc), values, tuple(api.scalars)) from exc
     return conv, generator, extras
 
 
@@ -91,6 +101,37 @@ def _check_text_fits(text: str, context: int, bytes_per_token: int | None) -> No
         )
 
 
+PROBE_CHARS = 1 << 16  # a rendered prompt longer than this is tokenized in growing prefixes first
+PREFIX_MARGIN = 16  # tokens a prefix cut may have over the whole text's tokens before the cut
+
+
+def _cut(text: str, size: int) -> int:
+    """Where to cut `text` near `size`: between a word and the whitespace after it, where the
+    pre-tokenizers of the tokenizers the server loads end a pre-token (else at `size`)."""
+    cut = text.rfind(" ", 0, size)
+    while cut > 0 and text[cut - 1].isspace():
+        cut -= 1
+    return cut if cut > 0 else size
+
+
+def check_prefix_fits(text: str, context: int, tok: Tokenizer) -> None:
+    """400 for a long rendered prompt whose leading part alone has more than `context` tokens (plus the
+    cut's margin), found by tokenizing prefixes of 4x growing length: a prompt far over the context never
+    gets tokenized whole (tokenizing costs about 250 bytes of memory per character)."""
+    size = PROBE_CHARS
+    while context > 0 and size < len(text):
+        cut = _cut(text, size)
+        n = len(tok.encode_batch([text[:cut]], add_special_tokens=False)[0].ids)
+        if n > context + PREFIX_MARGIN:
+            raise ApiError(
+                400,
+                f"messages: the rendered prompt has more than {n - PREFIX_MARGIN} tokens (its first {cut} "
+                f"of {len(text)} characters alone); the context is {context} tokens",
+                "messages",
+            )
+        size *= 4
+
+
 def encode_prompt(
     conv: dr.ConversationRequest,
     recipe_tok: dr.Tokenizer,
@@ -108,6 +149,7 @@ def encode_prompt(
     enc = dr.DeepseekV41Encoding()
     text = enc.render_conversation(conv.conversation).prompt
     _check_text_fits(text, context, bytes_per_token)
+    check_prefix_fits(text, context, engine_tok)
     try:
         return list(enc.with_tokenizer(recipe_tok).encode(conv.conversation))
     except RuntimeError as exc:
@@ -175,7 +217,14 @@ def prepare(
         raise ApiError(400, "messages: the rendered prompt is empty", "messages")
     structured = request_constraint(api, values, conv)
     params = sampling_params(conv, extras, len(ids), max_model_len, structured)
-    return Prepared(conv, ids, params, conv.stream, generator)
+    # A tool-call grammar allows any spelling of its text in tokens, and a model under it may write the
+    # DSML markers from byte-level pieces; the recipe's token-id parser then misses the end of a string
+    # parameter, while its text parser does not. Such requests (without logprobs, which need the ids)
+    # reach the parser as the engine's detokenized text, special tokens kept.
+    text_chunks = params.logprobs is None and constrains_tool_calls(api, values, conv)
+    if text_chunks:
+        params = replace(params, skip_special_tokens=False)
+    return Prepared(conv, ids, params, conv.stream, generator, text_chunks)
 
 
 def recipe_tokenizer(model_dir: str | Path, vocab_size: int | None = None) -> dr.Tokenizer:

@@ -30,7 +30,7 @@ from dsgraph.runtime.server.dsml_grammar import dsml_grammar
 from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.structured.params import StructuredOutputsParams
 
-__all__ = ["BODY_FIELD", "request_constraint", "structured_outputs", "wait_grammar"]
+__all__ = ["BODY_FIELD", "constrains_tool_calls", "request_constraint", "structured_outputs", "wait_grammar"]
 
 BODY_FIELD = "structured_outputs"  # vLLM's extra request field
 _THINK_END = "</think>"
@@ -74,6 +74,16 @@ def _format(api: Api, body: dict[str, Any], kind: str, schema: str, opened: bool
     if kind == "tool_call":
         return None  # tool_choice auto: the model decides; the recipe's parser extracts any calls
     raise RequestError("response_format", kind, "json, regex or a tool call")
+
+
+def constrains_tool_calls(api: Api, body: dict[str, Any], conv: dr.ConversationRequest) -> bool:
+    """Whether the request's output is constrained to DSML tool calls (the grammar of `_tool_calls`)."""
+    oc = conv.inference_options.output_constraint
+    if body.get(BODY_FIELD) is not None or oc is None:
+        return False
+    return oc.kind == "tool_call_required" or (
+        oc.kind == "tool_call" and api is MESSAGES and _anthropic_any(body)
+    )
 
 
 def _anthropic_any(body: dict[str, Any]) -> bool:

@@ -7,6 +7,7 @@ outputs that differ from their run alone (all three must be 0).
 `body_memory`: the server process's resident memory before, during and after large request bodies.
 
     python -m dsgraph.tools.bench.server_hostile --streams 256 --out bench/results/server-hostile.json
+    python -m dsgraph.tools.bench.server_hostile --memory-only --out bench/results/server-body-memory.json
 """
 
 from __future__ import annotations
@@ -207,13 +208,16 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--hostile", type=int, default=128)
     p.add_argument("--memory-rounds", type=int, default=10)
+    p.add_argument("--memory-only", action="store_true", help="measure body_memory alone (no load run)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     from dsgraph.runtime.server.limits import ServerLimits
 
     max_body = ServerLimits().max_body_bytes
     with tiny_server() as (url, _):
-        result = {"load": load(url, args.streams, args.hostile, max_body)}
+        result: dict[str, Any] = {}
+        if not args.memory_only:
+            result["load"] = load(url, args.streams, args.hostile, max_body)
         result["body_memory"] = body_memory(url, max_body, args.memory_rounds)
     text = json.dumps(result, indent=2)
     print(text)
