@@ -37,11 +37,17 @@ class Model(Protocol):
     geo: CacheGeometry
     dspark: bool
     expert_parallel: bool
+    truncation: str  # prefill truncation mode: "off", "mask" or "compact" (runtime/prefill_truncation.py)
 
-    def step_types(self) -> dict[str, TensorType]: ...
+    def step_types(self, truncated: bool = False) -> dict[str, TensorType]: ...
 
     def cache_types(self) -> dict[str, TensorType]: ...
 
     def trace_step(
-        self, weights: Mapping[str, TensorType], *, name: str = ..., debug: bool = ...
+        self,
+        weights: Mapping[str, TensorType],
+        *,
+        name: str = ...,
+        debug: bool = ...,
+        truncated: bool = ...,
     ) -> Graph: ...

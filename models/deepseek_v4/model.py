@@ -36,8 +36,10 @@ class V4Model:
     geo: CacheGeometry
     dspark: bool = False  # V4 has no DSpark drafter
     expert_parallel: bool = False
+    truncation: str = "off"  # V4 has no prefill truncation (models/registry.py refuses it)
 
-    def step_types(self) -> dict[str, TensorType]:
+    def step_types(self, truncated: bool = False) -> dict[str, TensorType]:
+        _no_truncation(truncated)
         return step_types(self.cfg.text, self.plans, self.geo)  # type: ignore[arg-type]
 
     def cache_types(self) -> dict[str, TensorType]:
@@ -61,9 +63,20 @@ class V4Model:
         return types
 
     def trace_step(
-        self, weights: Mapping[str, TensorType], *, name: str = "v4_step", debug: bool = False
+        self,
+        weights: Mapping[str, TensorType],
+        *,
+        name: str = "v4_step",
+        debug: bool = False,
+        truncated: bool = False,
     ) -> Graph:
+        _no_truncation(truncated)
         return trace_step(self, weights, name=name, debug=debug)
+
+
+def _no_truncation(truncated: bool) -> None:
+    if truncated:
+        raise ValueError("prefill_truncation: deepseek_v4 has no truncated prefill step (allowed: 'off')")
 
 
 def build_model(cfg: V4Config, num: Numerics, geo: CacheGeometry, *, dspark: bool = False) -> V4Model:
