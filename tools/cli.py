@@ -6,7 +6,15 @@ import argparse
 import sys
 from importlib import metadata
 
-from dsgraph.tools import bench_cmd, generate_cmd, inspect_cmd, make_tiny_cmd, plan_cmd, serve_cmd
+from dsgraph.tools import (
+    bench_cmd,
+    generate_cmd,
+    inspect_cmd,
+    make_tiny_cmd,
+    plan_cmd,
+    router_cmd,
+    serve_cmd,
+)
 
 
 def _version() -> str:
@@ -28,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     make_tiny_cmd.add_parser(sub)
     serve_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
+    router_cmd.add_parser(sub)
     return parser
 
 
