@@ -75,6 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)
-    from dsgraph.tools.bench import serve_bench
+    from dsgraph.tools.bench import router_sim_cmd, serve_bench
 
-    serve_bench.add_parser(p.add_subparsers(dest="mode", metavar="MODE"))
+    modes = p.add_subparsers(dest="mode", metavar="MODE")
+    serve_bench.add_parser(modes)
+    router_sim_cmd.add_parser(modes)

@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -15,12 +17,35 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 
-MODEL = "tiny"
-ENGINE_FLAGS = ("--max-model-len", "512", "--max-num-seqs", "64", "--served-model-name", MODEL)
+MODEL = "tiny-v41-seed0"  # the embedded model's directory name, the default --served-model-name
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_PORTS = ("8001", "8002", "8000")  # engine 1, engine 2, router in the README's deployment
+
+
+def readme_deployment() -> list[list[str]]:
+    """The README's three commands (two engines, the router) as argv lists after `dsgraph`."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "dsgraph router --normal" in b)
+    cmds = [
+        shlex.split(re.sub(r"\s+#\s.*$", "", line).strip().removesuffix("&")) for line in block.splitlines()
+    ]
+    assert len(cmds) == 3 and all(c[0] == ".venv/bin/dsgraph" for c in cmds), cmds
+    return [c[1:] for c in cmds]
+
+
+def _on_ports(argv: list[str], ports: dict[str, int]) -> list[str]:
+    """`argv` with the README's ports replaced by free ones (also inside URLs)."""
+    out = []
+    for arg in argv:
+        for old, new in ports.items():
+            arg = arg.replace(f":{old}", f":{new}") if ":" in arg else (str(new) if arg == old else arg)
+        out.append(arg)
+    return out
 
 
 def free_port() -> int:
@@ -30,15 +55,16 @@ def free_port() -> int:
 
 
 class EngineProcess:
-    """`dsgraph serve` on a fixed loopback port; start() again after it exited or was killed."""
+    """A README engine command (`dsgraph serve`) on a fixed loopback port; start() again after it exited
+    or was killed."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(self, argv: list[str], port: int) -> None:
+        self.argv, self.port = argv, port
+        self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "dsgraph.tools.cli", "serve", "--port", str(self.port), *ENGINE_FLAGS]
+        cmd = [sys.executable, "-m", "dsgraph.tools.cli", *self.argv]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -69,23 +95,13 @@ class EngineProcess:
 
 
 class RouterProcess:
-    """`dsgraph router` over the engines (its own process: the client's streams do not share its GIL)."""
+    """The README's router command (its own process: the client's streams do not share its GIL), with
+    a short poll interval so the tests need not wait for the default one."""
 
-    def __init__(self, engines: list[EngineProcess], *flags: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        urls = [e.url for e in engines]
-        cmd = [
-            sys.executable,
-            "-m",
-            "dsgraph.tools.cli",
-            "router",
-            "--port",
-            str(self.port),
-            "--normal",
-            *urls,
-        ]
-        cmd += ["--poll-interval", "0.1", *flags]
+    def __init__(self, argv: list[str], port: int, *flags: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "dsgraph.tools.cli", *argv, "--poll-interval", "0.1", *flags]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -114,9 +130,19 @@ class RouterProcess:
             self.proc.kill()
 
 
+class Deployment:
+    """The README's deployment on free loopback ports: two engines, and the router command to start."""
+
+    def __init__(self) -> None:
+        ports = {old: free_port() for old in README_PORTS}
+        serve_a, serve_b, route = (_on_ports(c, ports) for c in readme_deployment())
+        self.engines = [EngineProcess(serve_a, ports["8001"]), EngineProcess(serve_b, ports["8002"])]
+        self.router_argv, self.router_port = route, ports["8000"]
+
+
 @contextmanager
-def router(engines: list[EngineProcess], *flags: str) -> Iterator[RouterProcess]:
-    r = RouterProcess(engines, *flags)
+def router(dep: Deployment, *flags: str) -> Iterator[RouterProcess]:
+    r = RouterProcess(dep.router_argv, dep.router_port, *flags)
     try:
         r.wait_ready()
         yield r
