@@ -49,15 +49,15 @@ def test_load_then_drain_finishes_in_flight_requests_and_runs_the_exit_hook() ->
         assert httpx.post(f"{url}/admin/drain?grace_s=abc").json()["error"]["param"] == "grace_s"
 
         async def scenario() -> tuple[list[httpx.Response], httpx.Response, dict, httpx.Response]:  # type: ignore[type-arg]
-            async with httpx.AsyncClient(timeout=60) as client:
+            async with httpx.AsyncClient(timeout=300) as client:
                 running = [
-                    asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=_body(24)))
+                    asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=_body(12)))
                     for _ in range(3)
                 ]
                 while (await client.get(f"{url}/load")).json()["kv_tokens"] == 0:
                     await asyncio.sleep(0.01)
                 load = (await client.get(f"{url}/load")).json()
-                drain = await client.post(f"{url}/admin/drain", json={"grace_s": 30})
+                drain = await client.post(f"{url}/admin/drain", json={"grace_s": 300})
                 late = await client.post(f"{url}/v1/chat/completions", json=_body(2))
                 return list(await asyncio.gather(*running)), drain, load, late
 
@@ -66,7 +66,7 @@ def test_load_then_drain_finishes_in_flight_requests_and_runs_the_exit_hook() ->
         assert drain.status_code == 202 and drain.json()["status"] == "draining"
         assert drain.json()["in_flight"] >= 1  # the drain began with requests still running
         assert late.status_code == 503  # a router sends it to another engine
-        assert [r.status_code for r in done] == [200, 200, 200]  # the requests in flight finished
+        assert [r.status_code for r in done] == [200, 200, 200], [r.text for r in done]  # in flight: finished
         assert all(r.json()["usage"]["completion_tokens"] > 0 for r in done)
         deadline = time.time() + 10
         while not drained:

@@ -24,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-engines", default="1024,4096", help="comma list of decode engine counts")
     p.add_argument("--prefill-engines", type=int, default=1024)
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    p.add_argument("--plot", metavar="JSON", help="only redraw the SVG of a saved result")
     p.set_defaults(func=main)
 
 
@@ -71,8 +72,10 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def efficiency_svg(rows: list[dict[str, Any]], title: str) -> str:
-    """Horizontal bars of balance efficiency, one per run, with the 80% and 100% marks."""
-    left, bar, width = 400, 18, 360
+    """Horizontal bars of balance efficiency from 50% (the axis' left end) to 100%, one per run, with
+    the 80% and 100% marks."""
+    left, bar, width, low = 400, 18, 360, 0.5
+    scale = lambda e: max(0.0, e - low) / (1 - low) * width  # noqa: E731
     height = 70 + bar * len(rows) + 30
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{height}" '
@@ -80,8 +83,8 @@ def efficiency_svg(rows: list[dict[str, Any]], title: str) -> str:
         f'<rect width="{left + width + 80}" height="{height}" fill="white"/>',
         _text(10, 24, title, 14),
     ]
-    for mark, name in ((0.8, "DeepSeek ~80%"), (1.0, "perfect balance")):
-        x = left + mark * width
+    for mark, name in ((low, "50%"), (0.8, "DeepSeek ~80%"), (1.0, "perfect balance")):
+        x = left + scale(mark)
         parts.append(
             f'<line x1="{x:.1f}" y1="40" x2="{x:.1f}" y2="{height - 25}" stroke="#888" stroke-dasharray="4"/>'
         )
@@ -99,7 +102,15 @@ def efficiency_svg(rows: list[dict[str, Any]], title: str) -> str:
     return "\n".join([*parts, "</svg>"]) + "\n"
 
 
+TITLE = "dsgraph router: balance efficiency vs. a perfectly balanced schedule (simulated)"
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.plot:
+        path = Path(args.plot)
+        path.with_suffix(".svg").write_text(efficiency_svg(json.loads(path.read_text())["runs"], TITLE))
+        print(f"wrote {path.with_suffix('.svg')}")
+        return 0
     counts = [int(x) for x in args.decode_engines.split(",")]
     if args.quick:
         counts = [min(c, 256) for c in counts[:1]]
@@ -110,7 +121,6 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     name = "router-sim-quick" if args.quick else "router-sim"
     (out / f"{name}.json").write_text(json.dumps({"runs": rows}, indent=1) + "\n")
-    title = "dsgraph router: balance efficiency vs. a perfectly balanced schedule (simulated)"
-    (out / f"{name}.svg").write_text(efficiency_svg(rows, title))
+    (out / f"{name}.svg").write_text(efficiency_svg(rows, TITLE))
     print(f"wrote {out / (name + '.json')} and {out / (name + '.svg')}")
     return 0
