@@ -50,13 +50,14 @@ def _full(c: Candidate) -> bool:
     return c.max_batch > 0 and c.batch >= c.max_batch
 
 
-def choose_decode(cands: Sequence[Candidate], tokens: int, kv_per_seq: float) -> int:
+def choose_decode(cands: Sequence[Candidate], tokens: int, kv_per_seq: float, turn: int = 0) -> int:
     """The engine whose step cost after adding a request of `tokens` context is least; engines with a
-    full batch only when all are."""
-    room = [i for i, c in enumerate(cands) if not _full(c)] or list(range(len(cands)))
-    return min(
-        room, key=lambda i: (decode_cost(cands[i].batch + 1, cands[i].kv_tokens + tokens, kv_per_seq), i)
-    )
+    full batch only when all are. Ties go round the engines from `turn` (a router passes a counter), so
+    idle engines share the requests instead of the first one taking them all."""
+    n = len(cands)
+    room = [i for i, c in enumerate(cands) if not _full(c)] or list(range(n))
+    cost = lambda i: decode_cost(cands[i].batch + 1, cands[i].kv_tokens + tokens, kv_per_seq)  # noqa: E731
+    return min(room, key=lambda i: (cost(i), (i - turn) % n))
 
 
 def plan_chunks(tokens: int, cost: QuadraticCost, budget_s: float, min_chunk: int) -> tuple[int, ...]:

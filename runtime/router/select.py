@@ -75,7 +75,7 @@ class Selector:
             return engines[P.choose_least_requests(cands)]
         if prefill:
             return engines[self._plan(engines, tokens).index]
-        index = P.choose_decode(cands, tokens, cfg.kv_per_seq)
+        index = P.choose_decode(cands, tokens, cfg.kv_per_seq, next(self._rr))
         if cfg.prefix_affinity and prefix:
             preferred = P.rendezvous(prefix[: cfg.affinity_prefix_chars], cands)
             index = P.with_affinity(index, preferred, cands, tokens, cfg.kv_per_seq, cfg.affinity_slack)

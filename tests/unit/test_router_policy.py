@@ -83,6 +83,8 @@ def test_decode_weighs_batch_against_kv_length() -> None:
     full = P.Candidate("c", batch=4, kv_tokens=0, max_batch=4)
     assert P.choose_decode([full, few_long], 100, kv_per_seq=4096) == 1
     assert P.choose_decode([full], 100, kv_per_seq=4096) == 0  # all full: still placed
+    idle = [P.Candidate("a"), P.Candidate("b"), P.Candidate("c")]
+    assert [P.choose_decode(idle, 10, 4096, turn) for turn in range(4)] == [0, 1, 2, 0]  # ties rotate
 
 
 def _place(policy: str, requests: list[int], engines: int) -> np.ndarray:
