@@ -168,3 +168,19 @@ def test_a_stream_counts_as_ended_only_after_its_final_or_error_event() -> None:
     assert not route_open(chat, b'data: {"a": 1}\n\ndata: {"error": {"message": "x"}}\n\n')
     assert not route_open(messages, b"event: message_stop\ndata: {}\n\n")
     assert route_open(messages, b"event: content_block_delta\ndata: {}\n\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["router"], "engines"),
+        (["router", "--normal", "localhost:1"], "normal"),
+        (["router", "--normal", "http://a:1", "--prefill-cost", "1,2"], "prefill_cost"),
+        (["router", "--normal", "http://a:1", "--prefill-cost", "1,-2,0"], "prefill_cost"),
+    ],
+)
+def test_router_command_refuses_a_bad_option_in_one_line(argv: list[str], field: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    from dsgraph.tools.cli import main
+
+    assert main(argv) == 2
+    assert field in capsys.readouterr().err
