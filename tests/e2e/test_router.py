@@ -110,7 +110,9 @@ def test_skewed_load_balances_batch_and_kv(dep, engines) -> None:  # type: ignor
     # one request in four has a 100-word prompt: round robin over 2 engines would give one engine all
     bodies = [chat_body(_long_prompt(100) if k % 4 == 0 else PROMPTS[k % 10], 12) for k in range(32)]
     samples: list[tuple[list[int], dict]] = []  # type: ignore[type-arg]
-    with router(dep) as r:
+    # a tiny model's sequence is about 10 tokens: 64 KV tokens weigh one sequence (a 100-word prompt
+    # about 1.6), so KV counts in the placement (the default 4096 suits a real model's contexts)
+    with router(dep, "--kv-per-seq", "64") as r:
 
         async def sample(tasks) -> None:  # type: ignore[no-untyped-def]
             async with httpx.AsyncClient() as client:
@@ -127,9 +129,11 @@ def test_skewed_load_balances_batch_and_kv(dep, engines) -> None:  # type: ignor
     batch = [sum(s[0][i] for s in samples) / len(samples) for i in range(2)]
     # KV: the prompt tokens (estimated from the text) plus the events streamed, of the requests open there
     kv = [sum(s[1][e.url]["local_kv_tokens"] for s in samples) / len(samples) for e in engines]
-    for what, mean in (("requests open", batch), ("KV tokens", kv)):
-        # tolerance: time-averaged over the loaded samples, each engine within 25% of the pair's mean
-        assert max(mean) <= 1.25 * sum(mean) / 2, (what, mean)
+    # tolerances, time-averaged over the loaded samples: requests open within 25% of the pair's mean;
+    # KV within 50% (the 8 long prompts hold most of it, one misplaced shifts it by about a fifth; round
+    # robin puts all 8 on one engine, about 80% over the mean)
+    for what, mean, tolerance in (("requests open", batch, 1.25), ("KV tokens", kv, 1.5)):
+        assert max(mean) <= tolerance * sum(mean) / 2, (what, mean)
 
 
 def _text(answer: dict) -> str:  # type: ignore[type-arg]
