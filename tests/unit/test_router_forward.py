@@ -8,20 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Any
 
 import httpx2 as httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dsgraph.runtime.router.app import create_router_app
 from dsgraph.runtime.router.config import RouterConfig
+from tests.e2e.serve_util import running
 
 EVENT = 'data: {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": null}]}\n\n'
 
@@ -59,28 +57,9 @@ def _stub(mode: str, served: list[str]) -> FastAPI:
     return app
 
 
-@contextmanager
-def _serve(app: Any, sock: socket.socket | None = None) -> Iterator[str]:
-    sock = sock or socket.socket()
-    if sock.getsockname()[1] == 0:
-        sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not srv.started:
-        assert time.time() < deadline
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(10)
-
-
 def _router(*urls: str, poll_s: float = 0.05) -> Any:
     cfg = RouterConfig(normal=urls, poll_interval_s=poll_s, policy="round_robin")
-    return _serve(create_router_app(cfg))
+    return running(create_router_app(cfg))
 
 
 def _metric(url: str, name: str) -> float:
@@ -95,8 +74,8 @@ def _chat(url: str, stream: bool) -> httpx.Response:
 
 def test_a_refused_or_busy_engine_is_retried_before_the_first_byte() -> None:
     served: list[str] = []
-    with _serve(_stub("ok", served)) as ok, _serve(_stub("busy", served)) as busy, ExitStack() as stack:
-        with _serve(_stub("gone", served)) as gone:
+    with running(_stub("ok", served)) as ok, running(_stub("busy", served)) as busy, ExitStack() as stack:
+        with running(_stub("gone", served)) as gone:
             r = stack.enter_context(_router(ok, busy, gone, poll_s=30))  # no poll before the checks end
         # `gone` was healthy at the router's first poll and has stopped: connections are refused
         for _ in range(6):
@@ -112,7 +91,7 @@ def test_a_refused_or_busy_engine_is_retried_before_the_first_byte() -> None:
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_stream_cut_after_it_began_ends_with_an_error_event(stream: bool) -> None:
     served: list[str] = []
-    with _serve(_stub("cut", served)) as cut, _router(cut) as r:
+    with running(_stub("cut", served)) as cut, _router(cut) as r:
         resp = _chat(r, stream)
         if stream:
             last = resp.text.rstrip().rsplit("\n\n", 1)[-1]
@@ -125,7 +104,7 @@ def test_a_stream_cut_after_it_began_ends_with_an_error_event(stream: bool) -> N
 
 def test_a_client_error_passes_through_and_no_engine_is_a_503_in_the_protocols_shape() -> None:
     served: list[str] = []
-    with _serve(_stub("bad", served)) as bad, _router(bad) as r:
+    with running(_stub("bad", served)) as bad, _router(bad) as r:
         resp = _chat(r, stream=False)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
         assert served == ["bad"]  # a 4xx is the request's fault: not retried
@@ -145,7 +124,7 @@ def test_an_engine_that_comes_back_rejoins() -> None:
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with _router(url) as r:
         assert _chat(r, stream=False).status_code == 503  # nothing listens yet
-        with _serve(_stub("ok", served), sock):
+        with running(_stub("ok", served), sock):
             deadline = time.time() + 10
             while httpx.get(f"{r}/health").status_code != 200:
                 assert time.time() < deadline, httpx.get(f"{r}/engines").json()
