@@ -12,6 +12,7 @@ from dsgraph.tools import (
     inspect_cmd,
     make_tiny_cmd,
     plan_cmd,
+    router_cmd,
     serve_cmd,
     truncation_cmd,
 )
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     truncation_cmd.add_parser(sub)
+    router_cmd.add_parser(sub)
     return parser
 
 

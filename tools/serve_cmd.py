@@ -131,6 +131,7 @@ def main(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
     server = DrainingServer(uv_config, app.state.server.drain)
+    app.state.on_drained = lambda: setattr(server, "should_exit", True)  # POST /admin/drain, then exit
     try:
         server.run()
     finally:

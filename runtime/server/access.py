@@ -1,8 +1,8 @@
 """Who may call the server: `--api-key` (the key as `Authorization: Bearer KEY` or `x-api-key: KEY`,
-as the OpenAI and Anthropic clients send it) on every /v1 endpoint, with a 401 in the protocol's error
-shape otherwise (Anthropic's for /v1/messages, OpenAI's elsewhere); /health and /metrics stay open, as
-vLLM leaves them. Optional CORS (`--allowed-origins`) through Starlette's middleware, outside the key
-check so that browsers' preflight requests pass."""
+as the OpenAI and Anthropic clients send it) on every /v1 and /admin endpoint, with a 401 in the
+protocol's error shape otherwise (Anthropic's for /v1/messages, OpenAI's elsewhere); /health,
+/metrics and /load stay open, as vLLM leaves them. Optional CORS (`--allowed-origins`) through
+Starlette's middleware, outside the key check so that browsers' preflight requests pass."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dsgraph.runtime.server.request_log import Message, Receive, RequestLog, Sco
 
 __all__ = ["ApiKey", "install_access"]
 
-_PROTECTED = "/v1/"
+_PROTECTED = ("/v1/", "/admin/")
 
 
 def _presented(scope: Scope) -> str | None:

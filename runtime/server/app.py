@@ -1,6 +1,6 @@
 """The ASGI app: POST /v1/chat/completions, /v1/responses, /v1/messages (each SSE or JSON; apis.py),
-GET /v1/models, /health, /metrics. Bodies are read within limits.py's bounds and prepared on a thread
-pool; lifecycle.py drains the server."""
+GET /v1/models, /health, /metrics, and a router's /load and /admin/drain (admin.py). Bodies are read
+within limits.py's bounds and prepared on a thread pool; lifecycle.py drains the server."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect
 from dsgraph.runtime.engine import Engine, TokenEvent
 from dsgraph.runtime.sampling_params import RequestError
 from dsgraph.runtime.server.access import install_access
+from dsgraph.runtime.server.admin import add_admin
 from dsgraph.runtime.server.apis import APIS, Api, Event
 from dsgraph.runtime.server.completions import add_completions
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop
@@ -317,6 +318,7 @@ def create_app(
     for api in APIS:
         _route(app, state, api)
     add_completions(app, state)
+    add_admin(app, state)
     install_access(app, api_key, allowed_origins)
 
     @app.exception_handler(HTTPException)

@@ -47,6 +47,7 @@ class Usage:
     num_slots: int = 0
     prefix_lookup_tokens: int = 0
     prefix_hit_tokens: int = 0
+    kv_tokens: int = 0  # prompt + generated tokens of the requests in the engine (a router's attention load)
 
 
 class EngineLoop:
@@ -205,4 +206,6 @@ class EngineLoop:
             total, held = total + pages.total, held + pages.used - pages.idle
         lookup, hit = self.engine.prefix_cache_stats()
         slots = self._num_slots - sched.native.num_free_slots
-        return Usage(held / total if total else 0.0, slots, self._num_slots, lookup, hit)
+        live = getattr(self.engine, "live", {})  # an expert-parallel group keeps its requests in the ranks
+        kv = sum(len(r.prompt) + len(r.tokens) for r in live.values() if r.finish is None)
+        return Usage(held / total if total else 0.0, slots, self._num_slots, lookup, hit, kv)

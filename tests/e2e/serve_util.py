@@ -16,8 +16,19 @@ import uvicorn
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """Yield the base URL of `app` served on 127.0.0.1; stop the server and its engine loop after."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    try:
+        with running(app) as url:
+            yield url
+    finally:
+        app.state.server.close()
+
+
+@contextmanager
+def running(app: Any, sock: socket.socket | None = None) -> Iterator[str]:
+    """Yield the base URL of any ASGI `app` served on 127.0.0.1 (on `sock`, bound, if given) in a thread."""
+    if sock is None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
     srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -30,7 +41,6 @@ def serving(app: Any) -> Iterator[str]:
     finally:
         srv.should_exit = True
         thread.join(10)
-        app.state.server.close()
 
 
 def scrape(url: str) -> dict[str, float]:

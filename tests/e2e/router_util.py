@@ -1,0 +1,222 @@
+"""Engines as `dsgraph serve` processes on loopback (so one can be killed with SIGKILL), `dsgraph router`
+in front of them, and a streaming client that records how each stream ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+
+MODEL = "tiny-v41-seed0"  # the embedded model's directory name, the default --served-model-name
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_PORTS = ("8001", "8002", "8000")  # engine 1, engine 2, router in the README's deployment
+
+
+def readme_deployment() -> list[list[str]]:
+    """The README's three commands (two engines, the router) as argv lists after `dsgraph`."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "dsgraph router --normal" in b)
+    cmds = [
+        shlex.split(re.sub(r"\s+#\s.*$", "", line).strip().removesuffix("&")) for line in block.splitlines()
+    ]
+    assert len(cmds) == 3 and all(c[0] == ".venv/bin/dsgraph" for c in cmds), cmds
+    return [c[1:] for c in cmds]
+
+
+def _on_ports(argv: list[str], ports: dict[str, int]) -> list[str]:
+    """`argv` with the README's ports replaced by free ones (also inside URLs)."""
+    out = []
+    for arg in argv:
+        for old, new in ports.items():
+            arg = arg.replace(f":{old}", f":{new}") if ":" in arg else (str(new) if arg == old else arg)
+        out.append(arg)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EngineProcess:
+    """A README engine command (`dsgraph serve`) on a fixed loopback port; start() again after it exited
+    or was killed."""
+
+    def __init__(self, argv: list[str], port: int) -> None:
+        self.argv, self.port = argv, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-m", "dsgraph.tools.cli", *self.argv]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc is not None and self.proc.poll() is None, f"engine {self.url} exited"
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"engine {self.url} did not become healthy")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class RouterProcess:
+    """The README's router command (its own process: the client's streams do not share its GIL), with
+    a short poll interval so the tests need not wait for the default one."""
+
+    def __init__(self, argv: list[str], port: int, *flags: str) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "dsgraph.tools.cli", *argv, "--poll-interval", "0.1", *flags]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, "the router exited"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise AssertionError("the router did not become ready")
+
+    def engines(self) -> dict[str, dict[str, Any]]:
+        return {e["url"]: e for e in httpx.get(f"{self.url}/engines", timeout=5).json()["engines"]}
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples in the router's /metrics."""
+        lines = httpx.get(f"{self.url}/metrics", timeout=5).text.splitlines()
+        return sum(float(x.split()[-1]) for x in lines if x.startswith(name) and x[len(name)] in " {")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class Deployment:
+    """The README's deployment on free loopback ports: two engines, and the router command to start."""
+
+    def __init__(self) -> None:
+        ports = {old: free_port() for old in README_PORTS}
+        serve_a, serve_b, route = (_on_ports(c, ports) for c in readme_deployment())
+        self.engines = [EngineProcess(serve_a, ports["8001"]), EngineProcess(serve_b, ports["8002"])]
+        self.router_argv, self.router_port = route, ports["8000"]
+
+
+@contextmanager
+def router(dep: Deployment, *flags: str) -> Iterator[RouterProcess]:
+    r = RouterProcess(dep.router_argv, dep.router_port, *flags)
+    try:
+        r.wait_ready()
+        yield r
+    finally:
+        r.stop()
+
+
+@dataclass
+class StreamResult:
+    text: str = ""
+    finish: str | None = None  # the finish_reason of the last choice chunk
+    done: bool = False  # data: [DONE] arrived
+    error: dict[str, Any] | None = None  # an error event
+    status: int = 0
+    chunks: int = 0
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.done and self.error is None and self.finish is not None
+
+
+def chat_body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> StreamResult:
+    """One chat stream, read to its end; a connection that breaks is recorded, never raised."""
+    out = StreamResult()
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+            out.status = resp.status_code
+            if resp.status_code != 200:
+                out.error = json.loads(await resp.aread())
+                return out
+            async for line in resp.aiter_lines():
+                _read_line(out, line)
+    except httpx.HTTPError as exc:
+        out.events.append(f"transport: {type(exc).__name__}")
+    return out
+
+
+def _read_line(out: StreamResult, line: str) -> None:
+    if not line.startswith("data: "):
+        return
+    data = line[6:]
+    if data == "[DONE]":
+        out.done = True
+        return
+    value = json.loads(data)
+    if "error" in value:
+        out.error = value
+        return
+    for choice in value.get("choices", []):
+        out.chunks += 1
+        out.text += choice.get("delta", {}).get("content") or ""
+        out.finish = choice.get("finish_reason") or out.finish
+
+
+def run_streams(url: str, bodies: list[dict[str, Any]], during: Any = None) -> list[StreamResult]:
+    """All `bodies` as concurrent streams; `during(results)` (a coroutine function) runs beside them."""
+
+    async def main() -> list[StreamResult]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120), limits=limits) as client:
+            tasks = [asyncio.ensure_future(stream_chat(client, url, b)) for b in bodies]
+            if during is not None:
+                await during(tasks)
+            return list(await asyncio.gather(*tasks))
+
+    return asyncio.run(main())
