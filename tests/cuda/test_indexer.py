@@ -50,7 +50,7 @@ def _abs_sum(args: list[torch.Tensor]) -> torch.Tensor:
     """sum_h |w| sum_d |q k| of every (row, entry), through the cpu rule with |q| and |keys|."""
     q, w, keys, *rest = args
     magnitude = mxfp4_g32_encode(mxfp4_g32_decode(keys).abs())
-    return cpu.index_scores(SimpleNamespace(ratio=1), q.float().abs(), w.abs(), magnitude, *rest)
+    return cpu.index_scores(SimpleNamespace(ratio=1, key_fmt="mxfp4_g32"), q.float().abs(), w.abs(), magnitude, *rest)
 
 
 def _assert_scores(got: torch.Tensor, want: torch.Tensor, abs_sum: torch.Tensor) -> None:
@@ -69,7 +69,7 @@ def test_index_scores_match_the_cpu_rule(ratio: int, dtype: torch.dtype) -> None
     args = _index_step(
         positions, seq_ids, heads=5, width=64, block_size=4, table_width=5, dtype=dtype, seed=1
     )
-    p = SimpleNamespace(ratio=ratio)
+    p = SimpleNamespace(ratio=ratio, key_fmt="mxfp4_g32")
     want = cpu.index_scores(p, *args)
     got = indexer.index_scores(p, *on_device(args))
     _assert_scores(got, want, _abs_sum(args))
@@ -84,7 +84,7 @@ def test_index_scores_skip_entry_blocks_past_the_causal_limit(ratio: int) -> Non
     args = _index_step(
         positions, seq_ids, heads=4, width=32, block_size=4, table_width=40, dtype=torch.bfloat16, seed=4
     )
-    p = SimpleNamespace(ratio=ratio)
+    p = SimpleNamespace(ratio=ratio, key_fmt="mxfp4_g32")
     want = cpu.index_scores(p, *args)
     _assert_scores(indexer.index_scores(p, *on_device(args)), want, _abs_sum(args))
     assert bool((want[:2, 64:] == NEG_INF).all())  # rows whose later programs are skipped
@@ -96,10 +96,10 @@ def test_index_scores_of_a_row_are_the_same_bits_alone_and_in_a_batch() -> None:
     args = _index_step(
         positions, seq_ids, heads=4, width=32, block_size=4, table_width=6, dtype=torch.bfloat16, seed=2
     )
-    batch = indexer.index_scores(SimpleNamespace(ratio=2), *on_device(args)).cpu()
+    batch = indexer.index_scores(SimpleNamespace(ratio=2, key_fmt="mxfp4_g32"), *on_device(args)).cpu()
     q, w, keys, table, pos, _ = args
     alone = [q[2:3], w[2:3], keys, table[1:2], pos[2:3], torch.zeros(1, dtype=I32)]
-    by_itself = indexer.index_scores(SimpleNamespace(ratio=2), *on_device(alone)).cpu()
+    by_itself = indexer.index_scores(SimpleNamespace(ratio=2, key_fmt="mxfp4_g32"), *on_device(alone)).cpu()
     assert torch.equal(by_itself, batch[2:3])
 
 
@@ -110,9 +110,9 @@ def test_index_scores_raise_the_cpu_rule_error_for_a_block_past_the_pool() -> No
     args[3][0, 2] = 99
     match = r"row 0 \(sequence 0\) has block_table\[0, 2\] = 99, past the pool of 4 blocks"
     with pytest.raises(IndexError, match=match):
-        cpu.index_scores(SimpleNamespace(ratio=1), *args)
+        cpu.index_scores(SimpleNamespace(ratio=1, key_fmt="mxfp4_g32"), *args)
     with pytest.raises(IndexError, match=match):
-        indexer.index_scores(SimpleNamespace(ratio=1), *on_device(args))
+        indexer.index_scores(SimpleNamespace(ratio=1, key_fmt="mxfp4_g32"), *on_device(args))
 
 
 def _tied_scores(rows: int, width: int, levels: int, seed: int) -> torch.Tensor:
@@ -153,8 +153,8 @@ def test_real_widths_against_the_cpu_rules() -> None:
     positions = [1500 + 900 * s for s in range(6)]
     args = _index_step(positions, list(range(6)), heads=32, width=128, block_size=64, table_width=64,
                        dtype=torch.bfloat16, seed=5)  # fmt: skip
-    want = cpu.index_scores(SimpleNamespace(ratio=2), *args)
-    got = indexer.index_scores(SimpleNamespace(ratio=2), *on_device(args))
+    want = cpu.index_scores(SimpleNamespace(ratio=2, key_fmt="mxfp4_g32"), *args)
+    got = indexer.index_scores(SimpleNamespace(ratio=2, key_fmt="mxfp4_g32"), *on_device(args))
     _assert_scores(got, want, _abs_sum(args))
     scores = want.round()  # integer-valued scores: ties across many entries and blocks
     for k, topk_blocks in ((512, 2048), (1024, 64)):

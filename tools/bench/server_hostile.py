@@ -222,7 +222,8 @@ def main() -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        args.out.write_text(text + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
     return 0
 
 
