@@ -96,7 +96,7 @@ def _check_text_fits(text: str, context: int, bytes_per_token: int | None) -> No
         raise ApiError(
             400,
             f"messages: the rendered prompt has {size} bytes, so at least {size // bytes_per_token} tokens; "
-            f"the context is {context} tokens",
+            f"the maximum context length is {context} tokens",
             "messages",
         )
 
@@ -126,7 +126,7 @@ def check_prefix_fits(text: str, context: int, tok: Tokenizer) -> None:
             raise ApiError(
                 400,
                 f"messages: the rendered prompt has more than {n - PREFIX_MARGIN} tokens (its first {cut} "
-                f"of {len(text)} characters alone); the context is {context} tokens",
+                f"of {len(text)} characters alone); the maximum context length is {context} tokens",
                 "messages",
             )
         size *= 4
@@ -196,7 +196,7 @@ def _check_context(prompt_len: int, max_tokens: int, context: int) -> None:
         raise ApiError(
             400,
             f"max_completion_tokens: {max_tokens}, expected at most {max(context - prompt_len, 0)} "
-            f"(the context is {context} tokens, the prompt {prompt_len})",
+            f"(the maximum context length is {context} tokens, the prompt {prompt_len})",
             "max_completion_tokens",
         )
 
