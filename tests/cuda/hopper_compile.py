@@ -293,10 +293,6 @@ def _linear(every: bool) -> None:
     ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "out_stride_m", "out_stride_g", "out_stride_s")
     sizes = {name: "i32" for name in (*ints, "s_stride")}
     aligned = {name: 1 if name == "m_size" else 16 for name in sizes}
-    qdq = {"x_ptr": "*bf16", "y_ptr": "*bf16", "m_size": "i32", "k_size": "i32", "x_stride_m": "i32"}
-    _without_spills(
-        bf16.qdq_rows_kernel, qdq | {"x_stride_g": "i32"}, dict(BLOCK_M=bf16.QDQ_BLOCK_M), 4, True
-    )
     deq = {"w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "rows_size": "i32", "k_size": "i32"}
     _without_spills(
         bf16.dequant_weight_kernel, deq | {"s_stride": "i32"}, dict(BLOCK=bf16.DEQUANT_BLOCK), 4, True

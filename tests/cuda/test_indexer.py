@@ -50,7 +50,9 @@ def _abs_sum(args: list[torch.Tensor]) -> torch.Tensor:
     """sum_h |w| sum_d |q k| of every (row, entry), through the cpu rule with |q| and |keys|."""
     q, w, keys, *rest = args
     magnitude = mxfp4_g32_encode(mxfp4_g32_decode(keys).abs())
-    return cpu.index_scores(SimpleNamespace(ratio=1, key_fmt="mxfp4_g32"), q.float().abs(), w.abs(), magnitude, *rest)
+    return cpu.index_scores(
+        SimpleNamespace(ratio=1, key_fmt="mxfp4_g32"), q.float().abs(), w.abs(), magnitude, *rest
+    )
 
 
 def _assert_scores(got: torch.Tensor, want: torch.Tensor, abs_sum: torch.Tensor) -> None:

@@ -94,4 +94,4 @@ def test_cuda_lowers_without_a_gpu_and_names_the_kernels(capsys: pytest.CaptureF
     assert main([*EXAMPLE, "--platform", "cuda", "--stage", "lowered"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("program example_step[tokens=4] on cuda")
-    assert "linear           -> cuda.kernels.linear.linear  launches: linear_bf16_tl.qdq_rows_kernel" in out
+    assert "linear           -> cuda.kernels.linear.linear  launches: moe_swap_tl.qdq_rows_kernel" in out

@@ -33,7 +33,9 @@ def test_a_text_over_the_bound_is_refused_naming_the_sizes(deepseek: Tokenizer) 
     bound = max_bytes_per_token(deepseek)
     assert bound is not None
     _check_text_fits("x" * (bound * 10), 10, bound)  # could still fit
-    with pytest.raises(ApiError, match=r"messages: the rendered prompt has 5121 bytes.*context length is 10 tokens"):
+    with pytest.raises(
+        ApiError, match=r"messages: the rendered prompt has 5121 bytes.*context length is 10 tokens"
+    ):
         _check_text_fits("x" * (bound * 10 + 1), 10, bound)
 
 

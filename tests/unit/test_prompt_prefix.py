@@ -90,7 +90,9 @@ def test_an_8_mib_body_over_the_context_is_prepared_in_bounded_memory() -> None:
     options = conversion_options("m", False)
     clear.write_text("5")
     before = _rss_mib()
-    with pytest.raises(ApiError, match=r"messages: the rendered prompt has more than .* context length is 1024"):
+    with pytest.raises(
+        ApiError, match=r"messages: the rendered prompt has more than .* context length is 1024"
+    ):
         prepare(CHAT, values, options, recipe_tok, engine_tok, 1024)
     growth = _peak_rss_mib() - before
     # the body's copies (parsed, re-serialized for the recipe, converted, rendered) are ~10 x 8 MiB

@@ -171,7 +171,7 @@ RULES: dict[str, Any] = {"linear": linear, "grouped_linear": grouped_linear}
 # weights the operand passes of the plain tile, the GEMM and the reduction of its K splits; for dense
 # weights linear_tl's GEMM
 _LINEAR_KERNELS = (
-    "linear_bf16_tl.qdq_rows_kernel",
+    "moe_swap_tl.qdq_rows_kernel",
     "linear_bf16_tl.dequant_weight_kernel",
     "linear_bf16_tl.gemm_kernel",
     "linear_tl.linear_kernel",

@@ -10,11 +10,11 @@ and bf16 dots accumulate more precisely than Hopper's FP8 ones. An activation th
 quantized (wo_b's f32 input, f16) is split exactly into three bf16 pieces (hi + mid + lo, 8 significant
 bits each), dotted one after the other for every 32-column chunk.
 
-Two kernels, one arithmetic:
-- `swapped_kernel` (decode batches): the tile is out^T = W x^T, so the weight rows fill the tensor
-  core's 64-row side and a batch of a few rows needs a 16-row activation tile; the weight is
-  dequantized in registers 32 columns at a time and FP8-g32 activations are quantized in the kernel;
-- `linear_kernel` (prefill): x quantized-dequantized by `qdq_rows_kernel` and W dequantized by
+One GEMM (`gemm_kernel`) in two layouts, one arithmetic:
+- SWAPPED (decode batches): the tile is out^T = W x^T, so the weight rows fill the tensor core's 64-row
+  side and a batch of a few rows needs a 16-row activation tile; the weight is dequantized in registers
+  32 columns at a time and FP8-g32 activations are quantized in the kernel;
+- plain (prefill): x quantized-dequantized once (moe_swap_tl's `qdq_rows_kernel`) and W dequantized by
   `dequant_weight_kernel` once per call, then one dot per BLOCK_K step.
 Both issue, for every output element, the same tensor-core steps in increasing K order (split pieces:
 hi, mid, lo per 32 columns), whatever the tiles, so a row's bits do not depend on the batch or on which
@@ -37,23 +37,7 @@ from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize
 X_BF16 = 0  # activations already bf16 operands (qdq'ed by qdq_rows, or bf16 with act_quant none)
 X_QUANT = 1  # FP8-g32 quantized and dequantized in the kernel (swapped_kernel)
 X_SPLIT = 2  # f32/f16 activations split into three exact bf16 pieces
-QDQ_BLOCK_M = 16  # rows per program of qdq_rows_kernel
 DEQUANT_BLOCK = 64  # weight rows and columns per program of dequant_weight_kernel
-
-
-@triton.jit
-def qdq_rows_kernel(x_ptr, y_ptr, m_size, k_size, x_stride_m, x_stride_g, BLOCK_M: tl.constexpr) -> None:
-    """Grid (cdiv(M, BLOCK_M), K / 32, G): x [M, G, K] -> y [M, G, K] bf16 holding the FP8-g32
-    quantize-dequantize of x (the cpu codec's E4M3 value times its power-of-two scale)."""
-    pid_m, chunk, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    groups = tl.num_programs(2)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    cols = chunk * 32 + tl.arange(0, 32)
-    mask = rows[:, None] < m_size
-    x = tl.load(x_ptr + g * x_stride_g + rows[:, None] * x_stride_m + cols[None, :], mask=mask, other=0.0)
-    q, scale = fp8_g32_quantize(x.to(tl.float32))
-    y = (q.to(tl.float32) * scale[:, None]).to(tl.bfloat16)
-    tl.store(y_ptr + (rows[:, None] * groups + g) * k_size + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -173,12 +157,12 @@ def gemm_kernel(
 
 
 def qdq_rows(x: Tensor) -> Tensor:
-    """x [M, G, K] (K a multiple of 32, unit stride along K) -> its FP8-g32 qdq, bf16 [M, G, K]."""
-    m_size, groups, k_size = x.shape
+    """x [M, G, K] contiguous (K a multiple of 32) -> its FP8-g32 qdq, bf16 [M, G, K] (the MoE's pass)."""
+    from dsgraph.platform.cuda.kernels.moe_swap_tl import launch_qdq_rows
+
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
     if x.numel():
-        grid = (triton.cdiv(m_size, QDQ_BLOCK_M), k_size // 32, groups)
-        qdq_rows_kernel[grid](x, y, m_size, k_size, x.stride(0), x.stride(1), BLOCK_M=QDQ_BLOCK_M)
+        launch_qdq_rows(x.reshape(-1, x.shape[2]), y.view(-1, x.shape[2]))
     return y
 
 
