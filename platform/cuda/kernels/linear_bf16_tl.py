@@ -188,7 +188,7 @@ def launch(
     contiguous; quantize: the op's FP8-g32 activation codec; tiles (BLOCK_M, BLOCK_N, BLOCK_K, warps,
     stages, swapped). Swapped tiles dequantize the weight in registers; the others prepare both operands
     in bf16 first (same values, same dots: the same bits)."""
-    from dsgraph.platform.cuda.kernels.linear_tl import REDUCE_BLOCK, reduce_splits_kernel
+    from dsgraph.platform.cuda.kernels.linear_tl import reduce_splits, split_target
 
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
@@ -200,7 +200,7 @@ def launch(
         w = dequant_weight(w, scale)
         if mode == X_QUANT:
             x, mode = qdq_rows(x), X_BF16
-    target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+    target = split_target(out, splits)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     gemm_kernel[grid](
         x, w, scale, target, m_size, n_size, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
@@ -208,7 +208,4 @@ def launch(
         X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda, EVEN_K=(k_size // splits) % block_k == 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    if splits > 1:
-        size = out.numel()
-        grid = (triton.cdiv(size, REDUCE_BLOCK),)
-        reduce_splits_kernel[grid](target, out, size, SPLITS=splits, BLOCK=REDUCE_BLOCK)
+    reduce_splits(target, out, splits)

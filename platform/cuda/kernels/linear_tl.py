@@ -172,7 +172,7 @@ def launch(
             "times the splits"
         )
     k_split = k_size // splits
-    target = out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+    target = split_target(out, splits)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     linear_kernel[grid](
         x, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
@@ -181,6 +181,16 @@ def launch(
         EVEN_K=k_split % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    reduce_splits(target, out, splits)
+
+
+def split_target(out: Tensor, splits: int) -> Tensor:
+    """Where a GEMM of `splits` K ranges writes: out itself, or FP32 partials [splits, *out.shape]."""
+    return out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+
+
+def reduce_splits(target: Tensor, out: Tensor, splits: int) -> None:
+    """out = the K ranges' partials added in order (nothing to do for one range)."""
     if splits > 1:
         size = out.numel()
         reduce_splits_kernel[(triton.cdiv(size, REDUCE_BLOCK),)](
