@@ -37,6 +37,8 @@ def bench_config(layers: int, config: str | None) -> dict[str, Any]:
     cfg.setdefault("rope_scaling", dict(RELEASE_YARN))
     cfg.setdefault("quantization_config", dict(RELEASE_QUANT))
     cfg["num_nextn_predict_layers"] = 0
+    # a truncated model keeps the release's leading hash-routed layers, as many as it has layers
+    cfg["num_hash_layers"] = min(int(cfg.get("num_hash_layers", 0)), layers)
     return cfg
 
 
