@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from dsgraph.runtime.kvstore.layout import global_bytes_per_token
     from dsgraph.runtime.kvstore.store import TieredStore
     from dsgraph.runtime.kvstore.transport import make_transport
+    from dsgraph.tools.bench.run import commit
     from dsgraph.tools.generate_cmd import default_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="dsgraph-pd-bench-"))
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     flash = parse_config(flash_config_dict()).text
     results: dict[str, Any] = {
         "device": _device(args.platform),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": "bench-8-layer" if args.bench_model else str(model),
         "transport": transports[0].name,
         "expected_global_bytes_per_token": global_bytes_per_token(

@@ -200,7 +200,12 @@ def run(args: argparse.Namespace) -> int:
     }
     import torch
 
+    from dsgraph.tools.bench.run import commit
+
     out = {
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "torch": torch.__version__,
         "config": {k: cfg_dict[k] for k in ("num_hidden_layers", "hidden_size", "compress_ratios")},
         "shape": shape,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
