@@ -14,10 +14,12 @@ The gated kernel fuses w1 and w3, the gemm_out rounding, the clamped SwiGLU, the
 w2 GEMM's input rounding (FP8-g32 qdq, or rounding to the activation dtype) and writes that BF16 input;
 the down kernel writes each pair's w2 output rounded to gemm_out. Under Triton's interpreter, whose BF16
 dot is wrong, the same values are dotted in FP32 (WIDE): the same exact products.
+Decode is bound by the instructions that turn packed codes into BF16 operands, so _dequantize reads the
+weights as int32 words (eight codes each) and places each code's bits straight into an FP32 (a mask, a
+multiply, a mask; no compare or select), then scales it with two exact power-of-two multiplies.
 SCALED (a variant's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
 their scales to `tl.dot_scaled` instead: Triton upcasts E2M1 x UE8M0 to BF16 itself (the same exact
-values, through its packed conversion rather than _dequantize's FP32 bit arithmetic per value, which
-bounds decode) and runs the same BF16 dot with FP32 accumulation.
+values through its own packed conversion) and runs the same BF16 dot with FP32 accumulation.
 """
 
 from __future__ import annotations
