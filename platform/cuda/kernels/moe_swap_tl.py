@@ -274,6 +274,13 @@ def launch_swap_gemm(
     WIDE, BLOCK_W, BLOCK_T, BLOCK_K, num_warps, num_stages and optionally SCALED."""
     w, s, v, vs = weights
     n_size, k_size = w.shape[1], a.shape[1]
+    # the word-wise dequantization reads the packed weights as int32 words
+    for name, t in (("w", w), ("v", v)):
+        if t is not None and not config.get("SCALED") and (t.data_ptr() % 4 or k_size % 32):
+            raise ValueError(
+                f"moe swap GEMM: packed weight {name} at address {t.data_ptr()} with K = {k_size}: "
+                "expected 4-byte alignment and K a multiple of 32"
+            )
     grid = (triton.cdiv(n_size, config["BLOCK_W"]), tiles[0].shape[0])
     swap_gemm_kernel[grid](
         a,
