@@ -7,7 +7,7 @@ It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted fu
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
 The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
 Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only), or
-[linear] (every linear tile, the sweep's candidates too)
+[linear] (every linear tile, the sweep's candidates too); [moe] adds the MoE sweep's dequant candidates
 """
 
 from __future__ import annotations
@@ -328,7 +328,10 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["linear"]:
         _linear(every=True)
         return 0
-    if argv[1:] == ["moe"]:
+    if argv[1:] == ["moe"]:  # the sweep's candidates too (tools/bench/moe_tiles.py, dequant set)
+        from dsgraph.tools.bench.moe_tiles import register
+
+        register("dequant")
         _moe()
         return 0
     if argv[1:2] == ["attention"]:  # every attention tiling (or those named), bf16 queries

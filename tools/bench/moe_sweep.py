@@ -10,6 +10,8 @@ fraction of the copy bandwidth measured in the same run; the FP8-equivalent rate
 x inter FLOP) as a fraction of the measured FP8 GEMM rate. Each variant's result is checked against the
 base kernels': |variant - base| <= 2 x MOE_GPU_TOL x S, S the bound's magnitude (tests/cuda/bounds.py),
 since each is within MOE_GPU_TOL x S of the cpu rule; a failing variant is flagged, not timed.
+`--same-bits-as NAME` also records, per case, whether the variant's result has exactly the bits of
+variant NAME's (a kernel meant to be bit-equal to the current one is checked against it that way).
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def time_variant(variant: str, args: tuple) -> float:
     return graph_time_ms(lambda: cuda_moe.moe_experts(PARAMS, *args, variant=variant), repeats=10)
 
 
-def sweep_rows(rows: int, ws: tuple, cal: dict[str, float], variants: list[str]) -> list[dict[str, Any]]:
+def sweep_rows(
+    rows: int, ws: tuple, cal: dict[str, float], variants: list[str], same_as: str | None = None
+) -> list[dict[str, Any]]:
     gen = torch.Generator(device="cuda").manual_seed(rows)
     x, ids, weights = step_inputs(rows, gen)
     args = (x, ids, weights, *ws)
@@ -115,13 +119,17 @@ def sweep_rows(rows: int, ws: tuple, cal: dict[str, float], variants: list[str])
     flop = 2 * ids.numel() * 3 * HIDDEN * INTER
     base = run_variant("base", args)
     bound = 2 * MOE_GPU_TOL * magnitude(x, ids, weights, ws) + 1e-6 * base.abs()
+    reference = run_variant(same_as, args) if same_as else None
     cases = []
     for variant in variants:
         case: dict[str, Any] = dict(
             variant=variant, rows=rows, experts_touched=touched, weight_bytes=weight_bytes
         )
         try:
-            diff = (run_variant(variant, args) - base).abs()
+            got = run_variant(variant, args)
+            diff = (got - base).abs()
+            if reference is not None:
+                case["same_bits"] = bool(torch.equal(got, reference))
             case["max_abs_diff"] = float(diff.max())
             case["worst_diff_over_bound"] = float((diff / bound).max())
             case["ok"] = bool((diff <= bound).all())
@@ -138,6 +146,8 @@ def sweep_rows(rows: int, ws: tuple, cal: dict[str, float], variants: list[str])
         case["fraction_of_fp8_gemm"] = case["fp8_equiv_tflops"] / cal["fp8_gemm_tflops"]
         cases.append(case)
         flag = "" if case["ok"] else "  WRONG (diff over bound)"
+        if reference is not None:
+            flag += f"  same bits as {same_as}: {case['same_bits']}"
         print(
             f"{variant:>10} rows {rows:5d}: {ms:8.3f} ms  {weight_bytes / 1e9:6.3f} GB  "
             f"{case['fraction_of_copy']:6.1%} of copy  {case['fp8_equiv_tflops']:7.1f} TFLOP/s "
@@ -153,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--variants", nargs="*", default=list(cuda_moe.VARIANTS))
     parser.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
+    parser.add_argument("--same-bits-as", default=None, help="a variant each result must equal bit for bit")
     args = parser.parse_args(argv)
     start = time.monotonic()
     cal = {"copy_gbps": copy_bandwidth_gbps(1 << 30), "fp8_gemm_tflops": fp8_gemm_tflops()}
@@ -161,20 +172,21 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     ws = random_experts(torch.Generator(device="cuda").manual_seed(0))
-    cases = [c for rows in args.rows for c in sweep_rows(rows, ws, cal, args.variants)]
+    cases = [c for rows in args.rows for c in sweep_rows(rows, ws, cal, args.variants, args.same_bits_as)]
     result = dict(
         gpu=torch.cuda.get_device_name(),
         shape=dict(hidden=HIDDEN, inter=INTER, experts=EXPERTS, topk=TOPK, expert_bytes=expert_bytes()),
         params=vars(PARAMS),
         calibration=cal,
         default_variant=MOE_VARIANT,
+        same_bits_as=args.same_bits_as,
         cases=cases,
         seconds=time.monotonic() - start,
     )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "moe_sweep.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out / 'moe_sweep.json'} in {result['seconds']:.0f} s", flush=True)
-    return 0 if all(c["ok"] for c in cases) else 1
+    return 0 if all(c["ok"] and c.get("same_bits", True) for c in cases) else 1
 
 
 if __name__ == "__main__":

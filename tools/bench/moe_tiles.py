@@ -1,9 +1,14 @@
 """GPU sweep of candidate swap-AB tile sets for `moe_experts` (moe.SwapTiles) at V4.1's widths:
-`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill]` registers each candidate as a
-one-bucket variant, prints for a few row counts whether its output has the same bits as "swap"'s (a
-variant that mixes tile sets across its row buckets keeps rows batch invariant only then), and times
-the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave swap_ds's decode tiles
+`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant]` registers each
+candidate as a one-bucket variant, prints for a few row counts whether its output has the same bits as
+"swap"'s (a variant that mixes tile sets across its row buckets keeps rows batch invariant only then),
+and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave swap_ds's decode tiles
 (bench/results/moe-sweep-H200-ds-decode-tiles*.json), the prefill set its prefill choice.
+The dequant set times the kernel's own word-wise dequantization (SwapTiles.scaled False) at decode tiles
+against the default swap_ds, each candidate with the default's prefill bucket, at 1 to 4096 rows, and
+checks every result bit for bit against `scaled_ref`: dot_scaled (Triton's upcast, a separate
+implementation of the same BF16 values) at every bucket, the numerics of the kernels before the
+word-wise dequantization.
 """
 
 from __future__ import annotations
@@ -34,6 +39,16 @@ DECODE = {  # (weight rows, sorted rows, columns, warps, stages, dot_scaled) for
         T(64, 16, 64, 2, 6, True),
     )
 }
+DEQUANT = {  # decode tiles (both GEMMs) without dot_scaled: the word-wise dequantization
+    f"d_dq_{t.block_w}_{t.block_k}_w{t.num_warps}s{t.num_stages}": t
+    for t in (
+        T(64, 16, 64, 2, 4),  # swap_ds's decode tiles
+        T(64, 16, 64, 4, 2),  # one warpgroup (wgmma, weights from registers); "swap" has stages 4
+        T(128, 16, 64, 8, 3),
+        T(128, 16, 64, 4, 4),
+        T(32, 16, 64, 1, 4),
+    )
+}
 PREFILL = {  # (gated tiles, down tiles)
     "p_ds_128x128_k64": (T(128, 64, 64, 8, 3, True), T(128, 128, 64, 8, 3, True)),
     "p_ds_128x64_k64_s4": (T(128, 64, 64, 8, 4, True), T(128, 64, 64, 8, 4, True)),
@@ -43,7 +58,16 @@ PREFILL = {  # (gated tiles, down tiles)
 
 
 def register(which: str) -> list[str]:
-    """Adds the set's candidates to moe.VARIANTS as one-bucket variants; returns their names."""
+    """Adds the set's candidates to moe.VARIANTS as one-bucket variants (the dequant set: with the default's
+    prefill bucket after 512 rows, and the scaled_ref variant); returns their names."""
+    if which == "dequant":
+        prefill = cuda_moe.VARIANTS["swap_ds"][-1]
+        for name, t in DEQUANT.items():
+            cuda_moe.VARIANTS[name] = ((512, t, t), prefill)
+        scaled_prefill = T(128, 64, 64, 8, 4, True)  # p_ds_128x64_k64_s4 (bench/results, prefill tiles)
+        decode = cuda_moe.VARIANTS["swap_ds"][0]
+        cuda_moe.VARIANTS["scaled_ref"] = (decode, (cuda_moe._BIG, scaled_prefill, scaled_prefill))
+        return list(DEQUANT)
     if which == "decode":
         cases = {name: (t, t) for name, t in DECODE.items()}
     else:
@@ -53,22 +77,27 @@ def register(which: str) -> list[str]:
     return list(cases)
 
 
-def same_bits(names: list[str], rows_list: tuple[int, ...]) -> None:
+def same_bits(names: list[str], rows_list: tuple[int, ...], reference: str = "swap") -> None:
     ws = moe_sweep.random_experts(torch.Generator(device="cuda").manual_seed(0))
     for rows in rows_list:
         x, ids, weights = moe_sweep.step_inputs(rows, torch.Generator(device="cuda").manual_seed(rows))
-        ref = moe_sweep.run_variant("swap", (x, ids, weights, *ws))
+        ref = moe_sweep.run_variant(reference, (x, ids, weights, *ws))
         for name in names:
             got = moe_sweep.run_variant(name, (x, ids, weights, *ws))
-            print(f"{name} rows {rows}: same bits as swap: {torch.equal(ref, got)}", flush=True)
+            print(f"{name} rows {rows}: same bits as {reference}: {torch.equal(ref, got)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", choices=("decode", "prefill"), default="decode")
+    parser.add_argument("--set", choices=("decode", "prefill", "dequant"), default="decode")
     args = parser.parse_args(argv)
     names = register(args.set)
+    if args.set == "dequant":
+        rows = ["1", "8", "64", "256", "4096"]
+        variants = ["swap_ds", "swap", *names]
+        sweep = ["--out", str(args.out), "--rows", *rows, "--variants", *variants]
+        return moe_sweep.main([*sweep, "--same-bits-as", "scaled_ref"])
     same_bits(names, (1, 64, 600, 4096))
     rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]
     variants = ["swap", "swap_ds", *names]

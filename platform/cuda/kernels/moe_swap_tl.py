@@ -14,10 +14,12 @@ The gated kernel fuses w1 and w3, the gemm_out rounding, the clamped SwiGLU, the
 w2 GEMM's input rounding (FP8-g32 qdq, or rounding to the activation dtype) and writes that BF16 input;
 the down kernel writes each pair's w2 output rounded to gemm_out. Under Triton's interpreter, whose BF16
 dot is wrong, the same values are dotted in FP32 (WIDE): the same exact products.
+Decode is bound by the instructions that turn packed codes into BF16 operands, so _dequantize reads the
+weights as int32 words (eight codes each) and places each code's bits straight into an FP32 (a mask, a
+multiply, a mask; no compare or select), then scales it with two exact power-of-two multiplies.
 SCALED (a variant's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
 their scales to `tl.dot_scaled` instead: Triton upcasts E2M1 x UE8M0 to BF16 itself (the same exact
-values, through its packed conversion rather than _dequantize's FP32 bit arithmetic per value, which
-bounds decode) and runs the same BF16 dot with FP32 accumulation.
+values through its own packed conversion) and runs the same BF16 dot with FP32 accumulation.
 """
 
 from __future__ import annotations
@@ -26,45 +28,84 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to, silu_f32
-
-
-@triton.jit
-def _e2m1_f32(codes):
-    """int32 codes 0..15 (bit 3 the sign) -> FP32 values; code 8 (-0) gives +0 like the cpu dequantizer."""
-    magnitude = codes & 7
-    normal = ((126 + (magnitude >> 1)) << 23) | ((magnitude & 1) << 22)  # 2^(e-1) (1 + m/2), e = mag >> 1
-    bits = tl.where(magnitude >= 2, normal, tl.where(magnitude == 1, 0x3F000000, 0))
-    bits = bits | tl.where(magnitude != 0, (codes & 8) << 28, 0)
-    return bits.to(tl.float32, bitcast=True)
+from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_quantize, round_f32_to, silu_f32
 
 
 @triton.jit
 def _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN: tl.constexpr):  # fmt: skip
-    """The bytes [BLOCK_W, BLOCK_K // 2] of W[n, k0 : k0 + BLOCK_K] and their UE8M0 scales, raw (past N
-    or K: zeros). EVEN (BLOCK_W divides N, BLOCK_K divides K): no masks, so the loads are vectorized."""
-    byte_col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                 EVEN: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
+    """W[n, k0 : k0 + BLOCK_K] packed, raw: the bytes [BLOCK_W, BLOCK_K // 2], or with WORDS the int32
+    words [BLOCK_W, BLOCK_K // 8] (eight codes each, the lowest nibble first), and their UE8M0 scales
+    (past N or K: zeros). EVEN (BLOCK_W divides N, BLOCK_K divides K): no masks, so the loads are
+    vectorized."""
+    PER: tl.constexpr = 8 if WORDS else 2  # codes per loaded element
+    if WORDS:
+        w_base = w_base.to(tl.pointer_type(tl.uint32))
+    col = k0 // PER + tl.arange(0, BLOCK_K // PER)
     group = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    w_ptrs = w_base + n[:, None] * (K_SIZE // 2) + byte_col[None, :]
+    w_ptrs = w_base + n[:, None] * (K_SIZE // PER) + col[None, :]
     s_ptrs = s_base + n[:, None] * (K_SIZE // 32) + group[None, :]
     if EVEN:
         b = tl.load(w_ptrs)
         s = tl.load(s_ptrs)
     else:
-        b = tl.load(w_ptrs, mask=n_mask[:, None] & (byte_col[None, :] < K_SIZE // 2), other=0)
+        b = tl.load(w_ptrs, mask=n_mask[:, None] & (col[None, :] < K_SIZE // PER), other=0)
         s = tl.load(s_ptrs, mask=n_mask[:, None] & (group[None, :] < K_SIZE // 32), other=127)
     return b, s
 
 
 @triton.jit
-def _dequantize(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr):
-    """Packed bytes and scales (from _load_packed) -> [BLOCK_W, BLOCK_K] BF16 values (FP32 when WIDE)."""
-    b = b.to(tl.int32) & 0xFF
-    # column 2j is byte j's low nibble, 2j + 1 its high one: join along a new last axis and flatten
-    codes = tl.reshape(tl.join(b & 0xF, b >> 4), (BLOCK_W, BLOCK_K))
-    w = tl.reshape(_e2m1_f32(codes), (BLOCK_W, BLOCK_K // 32, 32)) * e8m0_to_f32(s)[:, :, None]
-    w = tl.reshape(w, (BLOCK_W, BLOCK_K))
+def _scale_factors(s):
+    """UE8M0 bytes -> (f1, f2), FP32 powers of two with f1 * f2 = 2^126 x 2^(s-127): f1 = 2^(min(s,128)-1)
+    (a normal FP32 for every byte) and f2 = 2^(max(s,128)-128) (NaN for byte 255, as e8m0_to_f32)."""
+    s = s.to(tl.int32) & 0xFF
+    f1 = ((tl.minimum(s, 128) + 126) << 23).to(tl.float32, bitcast=True)
+    f2 = tl.where(s == 255, 0x7FC00000, (tl.maximum(s, 128) - 1) << 23).to(tl.float32, bitcast=True)
+    return f1, f2
+
+
+@triton.jit
+def _code_f32(words, SHIFT: tl.constexpr):
+    """The E2M1 code in bits SHIFT .. SHIFT + 3 of int32 words as the FP32 with its sign (code bit 3) at bit
+    31 and its magnitude (bits 0..2) at bits 22..24: that FP32 is the code's value times 2^-126 exactly
+    (magnitudes 0 and 1 land on the subnormals 0 and 2^-127, the others on normals). One multiply places
+    both fields: the masked code (at bit P) times 2^(22-P) + 2^(28-P) holds two copies of it, at bits
+    22..25 and 28..31, which do not overlap, so the product is their OR. Codes above bit 23 are moved
+    down 8 bits first (the arithmetic shift's sign copies are masked off)."""
+    if SHIFT > 20:
+        code = (words >> 8) & (0xF << (SHIFT - 8))
+        factor: tl.constexpr = (1 << (30 - SHIFT)) + (1 << (36 - SHIFT))
+    else:
+        code = words & (0xF << SHIFT)
+        factor: tl.constexpr = (1 << (22 - SHIFT)) + (1 << (28 - SHIFT))
+    return ((code * factor) & 0x81C00000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scaled_code(words, f1, f2, SHIFT: tl.constexpr):
+    """Code value x 2^(s-127): two exact power-of-two multiplies of _code_f32; + 0.0 turns code 8's -0 into
+    +0 like the cpu dequantizer."""
+    return _code_f32(words, SHIFT) * f1 * f2 + 0.0
+
+
+@triton.jit
+def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr):
+    """Packed int32 words and scales (from _load_packed with WORDS) -> [BLOCK_W, BLOCK_K] BF16 values
+    (FP32 when WIDE): per code a mask, a multiply, a mask and two multiplies, every step exact."""
+    words = tl.reshape(words, (BLOCK_W, BLOCK_K // 32, 4))  # a 32-column scale group is 4 words
+    f1, f2 = _scale_factors(s)
+    f1, f2 = f1[:, :, None], f2[:, :, None]
+    # code c of a word is column 8 x word + c; tl.join adds its axis last, so the outermost join is the
+    # fastest axis: codes c = 4x + 2y + z sit at [x, y, z] when joined over x first, then y, then z
+    even = tl.join(
+        tl.join(_scaled_code(words, f1, f2, 0), _scaled_code(words, f1, f2, 16)),
+        tl.join(_scaled_code(words, f1, f2, 8), _scaled_code(words, f1, f2, 24)),
+    )
+    odd = tl.join(
+        tl.join(_scaled_code(words, f1, f2, 4), _scaled_code(words, f1, f2, 20)),
+        tl.join(_scaled_code(words, f1, f2, 12), _scaled_code(words, f1, f2, 28)),
+    )
+    w = tl.reshape(tl.join(even, odd), (BLOCK_W, BLOCK_K))
     if not WIDE:
         w = w.to(tl.bfloat16)
     return w
@@ -170,19 +211,19 @@ def swap_gemm_kernel(
         acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
         # The weight bytes of the next chunk are loaded before this chunk's dots (a register prefetch:
         # decode streams weights, and the loads must be in flight while the dots wait).
-        wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN)
+        wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
         vb, vs = wb, ws
         if GATED:
-            vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN)
+            vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
         for k0 in range(0, K_SIZE, BLOCK_K):
             a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
             # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
             k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
             acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
-            wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
+            wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
             if GATED:
                 acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
-                vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN)
+                vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
@@ -233,6 +274,13 @@ def launch_swap_gemm(
     WIDE, BLOCK_W, BLOCK_T, BLOCK_K, num_warps, num_stages and optionally SCALED."""
     w, s, v, vs = weights
     n_size, k_size = w.shape[1], a.shape[1]
+    # the word-wise dequantization reads the packed weights as int32 words
+    for name, t in (("w", w), ("v", v)):
+        if t is not None and not config.get("SCALED") and (t.data_ptr() % 4 or k_size % 32):
+            raise ValueError(
+                f"moe swap GEMM: packed weight {name} at address {t.data_ptr()} with K = {k_size}: "
+                "expected 4-byte alignment and K a multiple of 32"
+            )
     grid = (triton.cdiv(n_size, config["BLOCK_W"]), tiles[0].shape[0])
     swap_gemm_kernel[grid](
         a,
