@@ -16,7 +16,7 @@ __all__ = ["dummy_weights"]
 
 
 def dummy_weights(cfg: V4Config, num: Numerics, device: str, seed: int = 0) -> dict[str, Tensor]:
-    """The step graph's weight inputs for `num`, random, on `device` (`mtp.*` included when the config
-    declares draft layers)."""
+    """The step graph's weight inputs for `num`, random, on `device`; like a loaded checkpoint's, without
+    the MTP layer (the runtime does not draft for V4 yet)."""
     stored = quantize_weights(cfg, random_weights(cfg, seed))
     return {k: v.to(device) for k, v in prepare_weights(cfg, stored, num).items()}
