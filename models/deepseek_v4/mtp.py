@@ -73,20 +73,16 @@ def mtp_tensors(cfg: Any) -> dict[str, TensorSpec]:
     return b.out
 
 
-def mtp_step_types(hidden_size: int) -> dict[str, TensorType]:
-    """Step inputs: the target step's row layout (what a sliding-window layer reads) plus `hidden`."""
-    i32 = "i32"
-    return {
-        "token_ids": TensorType(("tokens",), i32),
-        "positions": TensorType(("tokens",), i32),
-        "seq_ids": TensorType(("tokens",), i32),
-        "seq_slot": TensorType(("seqs",), i32),
-        "seq_start": TensorType(("seqs",), i32),
-        "seq_end": TensorType(("seqs",), i32),
-        "seq_window_start": TensorType(("seqs",), i32),
-        "sample_rows": TensorType(("outs",), i32),
-        "hidden": TensorType(("tokens", hidden_size), "f32"),  # the target's final hidden state per row
-    }
+_ROW_INPUTS = ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "seq_window_start")
+
+
+def mtp_step_types(model: Any) -> dict[str, TensorType]:
+    """Step inputs: what a sliding-window layer reads of the target step's layout, the sample rows, and
+    `hidden` [tokens, H] f32, the target's final hidden state per row."""
+    target = model.step_types()
+    types = {k: target[k] for k in (*_ROW_INPUTS, "sample_rows")}
+    types["hidden"] = TensorType(("tokens", model.cfg.text.hidden_size), "f32")
+    return types
 
 
 def mtp_cache_types(model: Any) -> dict[str, TensorType]:
@@ -127,7 +123,7 @@ def trace_mtp(model: Any, weights: Mapping[str, TensorType], *, name: str = "v4_
     """The MTP graph of a V4 model: inputs `weights.*` (`mtp.0.*`, `embed.weight`, `head.weight`),
     `caches.swa.L`, `step.*` (`mtp_step_types`); outputs `logits` [outs, V] f32 and `caches.swa.L`."""
     layer = mtp_plan(model.cfg.text).index
-    step_in = mtp_step_types(model.cfg.text.hidden_size)
+    step_in = mtp_step_types(model)
 
     def run(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(model.cfg.text, model.num, _aliased(weights, layer), step, caches)  # type: ignore[arg-type]
