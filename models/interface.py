@@ -1,30 +1,48 @@
 """What the runtime may use of any model: the step layout both DeepSeek models share (cache geometry, the
-compressed caches' ratios, rollback room), the numerics modes, and the model protocol. The runtime
-imports these names from here and the per-model parts from `models/registry.py`, never a model package.
+compressed caches' ratios, rollback room), the numerics modes, the checkpoint tensor format (specs,
+dtypes, random init and quantization of stored tensors), the drafting request both drafters take, the
+prefill truncation modes, and the model protocol. The runtime imports these names from here and the
+per-model parts from `models/registry.py`, never a model package (`tests/unit/test_runtime_imports.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dsgraph.graph import Graph, TensorType
+from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
+from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, scale_name
+from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
+from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.engram_map import tokenizer_path
 from dsgraph.models.deepseek_v41.numerics import REFERENCE, SERVING, Numerics, numerics_for
 from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, CacheGeometry, default_geometry, ratios
+from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
+from dsgraph.models.deepseek_v41.truncation import MODES as TRUNCATION_MODES
 from dsgraph.models.deepseek_v41.weights import weight_types
 
 __all__ = [
+    "DRAFT_STREAM",
     "REFERENCE",
     "ROLLBACK_ROOM",
     "SERVING",
+    "TRUNCATION_MODES",
     "CacheGeometry",
+    "DraftRequest",
+    "Drafter",
     "Model",
     "Numerics",
+    "TensorKind",
+    "TensorSpec",
     "default_geometry",
     "numerics_for",
+    "quantize_tensor",
     "ratios",
+    "sample_weight",
+    "scale_name",
     "tokenizer_path",
+    "torch_dtype",
     "weight_types",
 ]
 
@@ -51,3 +69,16 @@ class Model(Protocol):
         debug: bool = ...,
         truncated: bool = ...,
     ) -> Graph: ...
+
+
+class Drafter(Protocol):
+    """What `runtime/spec_draft.py` reads of a model built with `dspark=True`: which checkpoint weights
+    the draft graph and the target step's context part read, the draft graph, and its step inputs."""
+
+    def is_draft_weight(self, name: str) -> bool: ...
+
+    def is_context_weight(self, name: str) -> bool: ...
+
+    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = ...) -> Graph: ...
+
+    def draft_inputs(self, requests: Sequence[DraftRequest], num_seqs: int) -> dict[str, Any]: ...

@@ -1,8 +1,9 @@
 """The models dsgraph runs, keyed by config.json's `model_type`: one interface the runtime uses for all.
 
 A `ModelFamily` reads a checkpoint directory's config and tokenizer, builds the traceable model (an object
-with `cfg`, `plans`, `geo`, `dspark`, `step_types()`, `cache_types()`, `trace_step(...)`) and prepares its
-weights. The runtime imports this module, never a model package.
+with `cfg`, `plans`, `geo`, `dspark`, `step_types()`, `cache_types()`, `trace_step(...)`: models/interface.py
+`Model`), prepares its weights (loaded, or random from the config alone) and lists its checkpoint tensors.
+The runtime imports this module and models/interface.py, never a model package.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "ModelFamily", "family_for"]
+__all__ = ["FAMILIES", "ModelFamily", "family_for", "family_of"]
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,17 @@ class ModelFamily:
     load_config: Callable[[Path], Any]
     # (root, cfg) -> the tokenizers.Tokenizer of the checkpoint
     load_tokenizer: Callable[[Path, Any], Any]
-    # (cfg, tokenizer, numerics, geometry, dspark[, prefill truncation mode]) -> the model
+    # (cfg, tokenizer, numerics, geometry, dspark[, prefill truncation mode][, token_map=...]) -> the
+    # model; `token_map` (V4.1's Engram map) replaces the tokenizer's, for planning without a tokenizer
     build: Callable[..., Any]
     # (root, cfg, tokenizer, numerics, check_finite) -> the step graph's weight inputs
     load_weights: Callable[[Path, Any, Any, Any, bool | None], dict[str, Any]]
-    # tokenizer -> the Engram token map `runtime/dummy_weights.py` needs; None: no random weights yet
-    dummy_token_map: Callable[[Any], list[int]] | None = None
+    # (cfg, tokenizer, numerics, device, seed) -> random weight inputs of the config's shapes
+    dummy_weights: Callable[[Any, Any, Any, str, int], dict[str, Any]]
+    # cfg -> every checkpoint tensor (name -> models/interface.py TensorSpec)
+    expected_tensors: Callable[[Any], dict[str, Any]]
+    # (cfg, stored tensors, numerics, token_map) -> the step graph's weight inputs
+    prepare_weights: Callable[[Any, Any, Any, list[int]], dict[str, Any]]
 
 
 def _v41_tokenizer(root: Path, cfg: Any) -> Any:
@@ -36,11 +42,21 @@ def _v41_tokenizer(root: Path, cfg: Any) -> Any:
     return load_tokenizer(root, cfg.text.vocab_size)
 
 
-def _v41_build(cfg: Any, tokenizer: Any, num: Any, geo: Any, dspark: bool, truncation: str = "off") -> Any:
+def _v41_build(
+    cfg: Any,
+    tokenizer: Any,
+    num: Any,
+    geo: Any,
+    dspark: bool,
+    truncation: str = "off",
+    *,
+    token_map: list[int] | None = None,
+) -> Any:
     from dsgraph.models.deepseek_v41.engram_map import build_token_map
     from dsgraph.models.deepseek_v41.model import build_model
 
-    return build_model(cfg, build_token_map(tokenizer)[0], num, geo, dspark=dspark, truncation=truncation)
+    tmap = build_token_map(tokenizer)[0] if token_map is None else token_map
+    return build_model(cfg, tmap, num, geo, dspark=dspark, truncation=truncation)
 
 
 def _v41_weights(root: Path, cfg: Any, tokenizer: Any, num: Any, check: bool | None) -> dict[str, Any]:
@@ -52,10 +68,23 @@ def _v41_weights(root: Path, cfg: Any, tokenizer: Any, num: Any, check: bool | N
     return prepare_weights(cfg, checkpoint, num, build_token_map(tokenizer)[0])
 
 
-def _v41_token_map(tokenizer: Any) -> list[int]:
+def _v41_dummy(cfg: Any, tokenizer: Any, num: Any, device: str, seed: int) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v41.dummy_weights import dummy_weights
     from dsgraph.models.deepseek_v41.engram_map import build_token_map
 
-    return build_token_map(tokenizer)[0]
+    return dummy_weights(cfg, num, build_token_map(tokenizer)[0], device, seed)
+
+
+def _v41_expected(cfg: Any) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v41.checkpoint_spec import expected_tensors
+
+    return expected_tensors(cfg)
+
+
+def _v41_prepare(cfg: Any, stored: Any, num: Any, token_map: list[int]) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v41.weights import prepare_weights
+
+    return prepare_weights(cfg, stored, num, token_map)
 
 
 def _v41_config(root: Path) -> Any:
@@ -70,7 +99,16 @@ def _v4_config(root: Path) -> Any:
     return load_config(root)
 
 
-def _v4_build(cfg: Any, _tokenizer: Any, num: Any, geo: Any, dspark: bool, truncation: str = "off") -> Any:
+def _v4_build(
+    cfg: Any,
+    _tokenizer: Any,
+    num: Any,
+    geo: Any,
+    dspark: bool,
+    truncation: str = "off",
+    *,
+    token_map: list[int] | None = None,  # V4 has no Engram map
+) -> Any:
     from dsgraph.models.deepseek_v4.model import build_model
 
     if truncation != "off":
@@ -92,12 +130,51 @@ def _v4_weights(root: Path, cfg: Any, _tokenizer: Any, num: Any, check: bool | N
     return prepare_weights(cfg, stored, num)
 
 
+def _v4_dummy(cfg: Any, _tokenizer: Any, num: Any, device: str, seed: int) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v4.dummy import dummy_weights
+
+    return dummy_weights(cfg, num, device, seed)
+
+
+def _v4_expected(cfg: Any) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors
+
+    return expected_tensors(cfg)
+
+
+def _v4_prepare(cfg: Any, stored: Any, num: Any, _token_map: list[int]) -> dict[str, Any]:
+    from dsgraph.models.deepseek_v4.weights import prepare_weights
+
+    return prepare_weights(cfg, stored, num)
+
+
 FAMILIES: dict[str, ModelFamily] = {
     "deepseek_v41": ModelFamily(
-        "deepseek_v41", _v41_config, _v41_tokenizer, _v41_build, _v41_weights, _v41_token_map
+        "deepseek_v41",
+        _v41_config,
+        _v41_tokenizer,
+        _v41_build,
+        _v41_weights,
+        _v41_dummy,
+        _v41_expected,
+        _v41_prepare,
     ),
-    "deepseek_v4": ModelFamily("deepseek_v4", _v4_config, _v41_tokenizer, _v4_build, _v4_weights),
+    "deepseek_v4": ModelFamily(
+        "deepseek_v4",
+        _v4_config,
+        _v41_tokenizer,
+        _v4_build,
+        _v4_weights,
+        _v4_dummy,
+        _v4_expected,
+        _v4_prepare,
+    ),
 }
+
+
+def family_of(cfg: Any) -> ModelFamily:
+    """The family of a parsed config: V4's carries its `model_type`; V4.1's config has none."""
+    return FAMILIES[getattr(cfg, "model_type", "deepseek_v41")]
 
 
 def family_for(model_dir: str | Path) -> ModelFamily:

@@ -49,11 +49,7 @@ def load_weights(
     """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
     generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
     if config.load_format == "dummy":
-        from dsgraph.runtime.dummy_weights import dummy_weights
-
-        if family.dummy_token_map is None:
-            raise ValueError(f"load_format: 'dummy' is not available for {family.model_type} checkpoints yet")
-        return dummy_weights(cfg, num, family.dummy_token_map(tokenizer), device=config.platform)
+        return family.dummy_weights(cfg, tokenizer, num, config.platform, 0)
     return family.load_weights(root, cfg, tokenizer, num, config.check_weights)
 
 

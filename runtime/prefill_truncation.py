@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dsgraph.models.deepseek_v41.config import TextConfig
-from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM
-from dsgraph.models.deepseek_v41.truncation import MODES
+from dsgraph.models.interface import ROLLBACK_ROOM
+from dsgraph.models.interface import TRUNCATION_MODES as MODES
 
 __all__ = [
     "MODES",
@@ -56,7 +55,7 @@ def check_truncation_fields(mode: object, keep: object) -> None:
         raise ValueError(f"prefill_keep_tokens: {keep!r}, expected None or an integer >= 1")
 
 
-def max_backtrack(text: TextConfig, draft_len: int | None = None) -> int:
+def max_backtrack(text: Any, draft_len: int | None = None) -> int:
     """Positions a verify step may write and roll back: the anchor plus the drafts (`draft_len`, default
     the checkpoint's DSpark block size capped by the rings' rollback room; 0 without DSpark stages)."""
     if draft_len is None:
@@ -65,11 +64,11 @@ def max_backtrack(text: TextConfig, draft_len: int | None = None) -> int:
     return draft_len + 1
 
 
-def min_keep_tokens(text: TextConfig, draft_len: int | None = None) -> int:
+def min_keep_tokens(text: Any, draft_len: int | None = None) -> int:
     return text.sliding_window + max_backtrack(text, draft_len)
 
 
-def resolve_keep(text: TextConfig, keep: int | None, draft_len: int | None = None) -> int:
+def resolve_keep(text: Any, keep: int | None, draft_len: int | None = None) -> int:
     """`keep` checked against the model (None: the minimum); the error names both numbers."""
     window, back = text.sliding_window, max_backtrack(text, draft_len)
     if keep is None:
@@ -132,7 +131,7 @@ class PrefillTruncation:
     window: int  # the config's sliding_window
 
     @classmethod
-    def for_engine(cls, text: TextConfig, mode: str, keep: int | None, draft_len: int | None) -> Any:
+    def for_engine(cls, text: Any, mode: str, keep: int | None, draft_len: int | None) -> Any:
         """The policy, or None for "off"; logs that it is an approximation and its measured bound."""
         check_truncation_fields(mode, keep)
         if mode == "off":

@@ -140,7 +140,7 @@ class Session:
         self.on_device = name == "cuda"
         self.device = resolve_device(device if device is not None else name)
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
-        target = target_weights(weights, model.dspark)
+        target = target_weights(model, weights)
         # On a CUDA device Engram tables of >= host_min_bytes (default: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
         # stay in pinned host memory (read over PCIe)
         placed = place_weights(target, self.device, host_min_bytes)

@@ -25,10 +25,7 @@ import torch
 
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
-from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM, trace_draft
-from dsgraph.models.deepseek_v41.dspark_context import is_context_weight, is_draft_weight
-from dsgraph.models.deepseek_v41.dspark_io import DraftRequest, draft_inputs
-from dsgraph.models.deepseek_v41.weights import weight_types
+from dsgraph.models.interface import DRAFT_STREAM, DraftRequest, weight_types
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import Program, lower
 from dsgraph.runtime.step_padding import bucket_size
@@ -41,9 +38,12 @@ def has_dspark_stages(weights: Mapping[str, torch.Tensor], num_stages: int) -> b
     return num_stages > 0 and all(any(k.startswith(f"mtp.{s}.") for k in weights) for s in range(num_stages))
 
 
-def target_weights(weights: Mapping[str, torch.Tensor], dspark: bool) -> dict[str, torch.Tensor]:
-    """The weights the target step reads: the backbone, plus the DSpark context weights with `dspark`."""
-    return {k: v for k, v in weights.items() if not k.startswith("mtp.") or (dspark and is_context_weight(k))}
+def target_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The weights the target step reads: the backbone, plus the drafter's context weights when the
+    model was built to draft (`model.dspark`)."""
+    if not model.dspark:
+        return {k: v for k, v in weights.items() if not k.startswith("mtp.")}
+    return {k: v for k, v in weights.items() if not k.startswith("mtp.") or model.is_context_weight(k)}
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,12 @@ class DraftRunner:
         if not model.dspark:
             raise ValueError("DraftRunner: the session's model was built without dspark=True")
         self.session, self.text = session, model.cfg.text
-        draft = {k: v for k, v in weights.items() if is_draft_weight(k)}
+        draft = {k: v for k, v in weights.items() if model.is_draft_weight(k)}
         # the weights both graphs read (embedding, head, shared stage weights) are the session's device
         # copies, not second ones
         held, device = session.weights, session.device
         self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
-        self.graph: Graph = trace_draft(model, weight_types(draft, backbone_only=False), stream=stream)
+        self.graph: Graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
         self.programs: dict[int, Program] = {}
         self.device_programs: dict[int, Any] = {}
         self.block = self.text.dspark_block_size
@@ -110,7 +110,7 @@ class DraftRunner:
         """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""
         n = len(requests)
         seqs = bucket_size(n)
-        inputs = draft_inputs(self.text, requests, seqs)
+        inputs = self.session.model.draft_inputs(requests, seqs)
         self.last_captured = False
         if self.session.on_device and (self.capture if capture is None else capture):
             return self._run_captured(n, seqs, inputs)
@@ -133,7 +133,7 @@ class DraftRunner:
             device = self.session.device
             if self.pool is None and device.type == "cuda":
                 self.pool = torch.cuda.graph_pool_handle()
-            padding = {f"step.{k}": v for k, v in draft_inputs(self.text, [], seqs).items()}
+            padding = {f"step.{k}": v for k, v in self.session.model.draft_inputs([], seqs).items()}
             self.captured[seqs] = CapturedStep(
                 self._device_program(seqs), self._fixed(), padding, output="draft_tokens", pool=self.pool
             )

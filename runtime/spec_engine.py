@@ -43,8 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
-from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+from dsgraph.models.interface import DRAFT_STREAM, DraftRequest
 from dsgraph.runtime.row_checks import row_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import SamplingParams

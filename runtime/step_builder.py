@@ -3,7 +3,8 @@
 A `SeqState` is one sequence's place in a session's caches: its request state slot, its pages of every
 compressed-cache ratio and the tokens already written. `CachePool` hands out slots and pages (the C++
 scheduler does this for the engine; here it is for direct users of a session and for tests), and a
-`StepBuilder` lays chunks of new tokens out in the flat-batch layout of `V41Model.step_types()`:
+`StepBuilder` lays chunks of new tokens out in the flat-batch layout of `Model.step_types()`
+(models/interface.py):
 
     step = session.new_step().add(seq, prompt_ids).build()   # a prefill chunk: logits of its last row
     logits = session.run(step)                               # [outs, vocab]; seq.tokens now holds it
@@ -21,8 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsgraph.models.deepseek_v41.model import V41Model
-from dsgraph.models.deepseek_v41.step_io import ratios
+from dsgraph.models.interface import Model, ratios
 
 __all__ = ["CachePool", "CachePoolError", "SeqState", "Step", "StepBuilder"]
 
@@ -47,7 +47,7 @@ class SeqState:
 class CachePool:
     """Free state slots and pages of one session's caches (`CacheSizes`), first free first."""
 
-    def __init__(self, model: V41Model, num_slots: int, num_pages: dict[int, int]) -> None:
+    def __init__(self, model: Model, num_slots: int, num_pages: dict[int, int]) -> None:
         self.model, self.ratios = model, ratios(model.plans)
         self.free_slots = list(range(num_slots))
         self.free_pages = {r: list(range(num_pages[r])) for r in self.ratios}
@@ -106,7 +106,7 @@ class Step:
 class StepBuilder:
     """Chunks of new tokens of distinct open sequences -> one `Step` (see the module doc)."""
 
-    def __init__(self, model: V41Model, pool: CachePool) -> None:
+    def __init__(self, model: Model, pool: CachePool) -> None:
         self.model, self.pool = model, pool
         self._chunks: list[tuple[SeqState, tuple[int, ...], str]] = []
 

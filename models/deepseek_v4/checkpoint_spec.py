@@ -5,7 +5,8 @@ projections are F8_E4M3 with F8_E8M0 block scales (`quantization_config.weight_b
 the release), routed experts packed E2M1 (I8) with per-32-column F8_E8M0 scales (`expert_dtype` fp4) or
 FP8 blocks (fp8); the compressor and indexer projections, `weights_proj`, the router and the norms are
 BF16 or F32 (the release mixes them); mHC, sinks, `ape` and router biases F32; `tid2eid` integer. The MTP
-layers (`mtp.*`) are not read: drafting for V4 is not implemented.
+layer (`mtp.*`) is not read here: `mtp.mtp_tensors` lists the tensors of this project's MTP layer, whose
+names are not checked against the release, and drafting for V4 is not implemented.
 """
 
 from __future__ import annotations

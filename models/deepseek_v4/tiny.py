@@ -19,6 +19,7 @@ from torch import Tensor
 from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors
 from dsgraph.models.deepseek_v4.config import V4Config, parse_config
 from dsgraph.models.deepseek_v4.config_defaults import RELEASE_QUANT, RELEASE_YARN
+from dsgraph.models.deepseek_v4.mtp import mtp_tensors
 from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype, write_checkpoint
 from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, scale_name
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
@@ -77,10 +78,11 @@ def tiny_config_dict(**overrides: Any) -> dict[str, Any]:
 
 
 def random_weights(cfg: V4Config, seed: int) -> dict[str, Tensor]:
-    """Logical (dequantized) weights; `tid2eid` gives each token distinct random experts."""
+    """Logical (dequantized) weights, the MTP layer's included; `tid2eid` gives each token distinct
+    random experts."""
     gen = torch.Generator().manual_seed(seed)
     t, out = cfg.text, {}
-    for name, spec in expected_tensors(cfg).items():
+    for name, spec in {**expected_tensors(cfg), **mtp_tensors(cfg)}.items():
         if spec.kind is TensorKind.SCALE:
             continue
         if name.endswith("tid2eid"):
@@ -96,7 +98,7 @@ def random_weights(cfg: V4Config, seed: int) -> dict[str, Tensor]:
 def quantize_weights(cfg: V4Config, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
-    for name, spec in expected_tensors(cfg).items():
+    for name, spec in {**expected_tensors(cfg), **mtp_tensors(cfg)}.items():
         if spec.kind is TensorKind.SCALE:
             continue
         if spec.kind is TensorKind.PLAIN:

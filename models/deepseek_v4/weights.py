@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors
 from dsgraph.models.deepseek_v4.config import V4Config
-from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, scale_name
+from dsgraph.models.deepseek_v41.checkpoint_spec import TensorKind, TensorSpec, scale_name
 from dsgraph.models.deepseek_v41.numerics import Numerics
 from dsgraph.models.deepseek_v41.weights import _stack_experts
 from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp8_block_dequantize
@@ -50,10 +50,16 @@ def _stored_fp8(t: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
     return s[: -(-rows // 32), : -(-cols // 32)].contiguous()
 
 
-def prepare_weights(cfg: V4Config, stored: Mapping[str, Tensor], num: Numerics) -> dict[str, Tensor]:
-    """`stored` is the loader's "stored" output; returns the graph's weight inputs by name."""
+def prepare_weights(
+    cfg: V4Config,
+    stored: Mapping[str, Tensor],
+    num: Numerics,
+    specs: Mapping[str, TensorSpec] | None = None,
+) -> dict[str, Tensor]:
+    """`stored` is the loader's "stored" output; returns the graph's weight inputs by name. `specs`: the
+    tensors to convert (default: the backbone's, `expected_tensors`; the MTP layer's: `mtp.mtp_tensors`)."""
     block = cfg.quant.weight_block_size if cfg.quant is not None else (32, 32)
-    specs = expected_tensors(cfg)
+    specs = expected_tensors(cfg) if specs is None else specs
     out: dict[str, Tensor] = {}
     for name, spec in specs.items():
         t = stored[name]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,27 @@ class V41Model:
     ) -> Graph:
         """The step graph (the model interface the runtime calls; `trace_step` below)."""
         return trace_step(self, weights, name=name, debug=debug, truncated=truncated)
+
+    # The drafter interface (`models/interface.py` Drafter) the runtime's DSpark runner calls.
+    def is_draft_weight(self, name: str) -> bool:
+        from dsgraph.models.deepseek_v41.dspark_context import is_draft_weight
+
+        return is_draft_weight(name)
+
+    def is_context_weight(self, name: str) -> bool:
+        from dsgraph.models.deepseek_v41.dspark_context import is_context_weight
+
+        return is_context_weight(name)
+
+    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = 3) -> Graph:
+        from dsgraph.models.deepseek_v41.dspark import trace_draft
+
+        return trace_draft(self, weights, stream=stream)
+
+    def draft_inputs(self, requests: Sequence[Any], num_seqs: int) -> dict[str, Any]:
+        from dsgraph.models.deepseek_v41.dspark_io import draft_inputs
+
+        return draft_inputs(self.cfg.text, requests, num_seqs)
 
 
 def build_model(

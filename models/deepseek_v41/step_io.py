@@ -8,6 +8,7 @@ fixed by max_model_len.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dsgraph.graph.types import TensorType
@@ -82,3 +83,10 @@ def cache_types(text: TextConfig, plans: tuple[LayerPlan, ...], geo: CacheGeomet
             if p.ratio == 2:
                 types[f"comp.{p.index}"] = TensorType(("slots", COMPRESSOR_RING, 2, hd), "f32")
     return types
+
+
+def global_bytes_per_token(plans: tuple[LayerPlan, ...], head_dim: int, index_head_dim: int) -> float:
+    """Bytes of global (compressed) cache per token: per KV-source layer of ratio r, one NVFP4-g16 entry
+    of the head and one MXFP4-g32 entry of the index key every r tokens."""
+    entry = nvfp4_g16_entry_bytes(head_dim) + mxfp4_g32_entry_bytes(index_head_dim)
+    return math.fsum(entry / p.ratio for p in plans if p.mode is LayerMode.FULL)

@@ -100,10 +100,9 @@ def _weight_bytes(specs: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
 
 
 def _activations(model: Any, weights: dict[str, Any], sizes: dict[str, int], tokens: int) -> int:
-    from dsgraph.models.deepseek_v41.model import trace_step
-    from dsgraph.models.deepseek_v41.weights import weight_types
+    from dsgraph.models.interface import weight_types
 
-    graph = trace_step(model, weight_types(weights))
+    graph = model.trace_step(weight_types(weights))
     s = {**sizes, "tokens": tokens, "seqs": min(tokens, sizes["slots"]), "outs": min(tokens, sizes["slots"])}
     return plan_memory(specialize(graph, s)).arena_bytes
 
@@ -120,19 +119,16 @@ class ModelBytes:
 
 
 def model_bytes(cfg: Any, req: PlanRequest) -> ModelBytes:
-    from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
-    from dsgraph.models.deepseek_v41.checkpoint_spec import expected_tensors
-    from dsgraph.models.deepseek_v41.model import build_model
-    from dsgraph.models.deepseek_v41.weights import prepare_weights
-    from dsgraph.models.interface import default_geometry, numerics_for, ratios
+    from dsgraph.models.interface import default_geometry, numerics_for, ratios, torch_dtype
+    from dsgraph.models.registry import family_of
     from dsgraph.runtime.session import CacheSizes
 
-    t = cfg.text
-    specs = expected_tensors(cfg)
+    t, family = cfg.text, family_of(cfg)
+    specs = family.expected_tensors(cfg)
     dense, engram, moes = _weight_bytes(specs)
     num, token_map = numerics_for("serving"), list(range(t.vocab_size))
     geo = default_geometry(t, min(req.max_model_len, t.max_position_embeddings), req.page_size)
-    model = build_model(cfg, token_map, num, geo)
+    model = family.build(cfg, None, num, geo, False, token_map=token_map)
     pages = {r: geo.pages_per_seq(r) * req.max_num_seqs for r in ratios(model.plans)}
     sizes = CacheSizes(req.max_num_seqs, pages).sizes()
     caches = sum(
@@ -140,7 +136,7 @@ def model_bytes(cfg: Any, req: PlanRequest) -> ModelBytes:
         for ty in model.cache_types().values()
     )
     meta = {n: torch.empty(s.shape, dtype=torch_dtype(s.dtype), device="meta") for n, s in specs.items()}
-    weights = prepare_weights(cfg, meta, num, token_map)
+    weights = family.prepare_weights(cfg, meta, num, token_map)
     pools = _activations(model, weights, sizes, bucket_size(req.max_num_batched_tokens))
     return ModelBytes(dense, engram, moes, caches, pools)
 

@@ -6,13 +6,11 @@ state, the DSpark context rings). Reading and writing work on any device the Ses
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 
 from dsgraph.graph.types import TensorType
-from dsgraph.models.deepseek_v41.layers_plan import LayerMode, LayerPlan
 
 
 class CacheLayout:
@@ -57,12 +55,3 @@ class CacheLayout:
 
     def write_slot(self, caches: Mapping[str, torch.Tensor], slot: int, data: bytes) -> None:
         self._write(caches, self.slot_names, slot, data, f"state slot {slot}")
-
-
-def global_bytes_per_token(plans: tuple[LayerPlan, ...], head_dim: int, index_head_dim: int) -> float:
-    """Bytes of global (compressed) cache per token: per KV-source layer of ratio r, one NVFP4-g16 entry
-    of the head and one MXFP4-g32 entry of the index key every r tokens."""
-    from dsgraph.platform.cpu.cache_format import mxfp4_g32_entry_bytes, nvfp4_g16_entry_bytes
-
-    entry = nvfp4_g16_entry_bytes(head_dim) + mxfp4_g32_entry_bytes(index_head_dim)
-    return math.fsum(entry / p.ratio for p in plans if p.mode is LayerMode.FULL)

@@ -47,7 +47,7 @@ class Exported:
 
 
 def pd_state(engine: Engine, store: TieredStore | None) -> PDState:
-    from dsgraph.models.deepseek_v41.step_io import ratios
+    from dsgraph.models.interface import ratios
 
     layout = CacheLayout(engine.model.cache_types(), ratios(engine.model.plans))
     return PDState(layout, model_identity(engine), store)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
-from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.session import CacheSizes, Session

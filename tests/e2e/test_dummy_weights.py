@@ -12,10 +12,10 @@ import torch
 from dsgraph import LLM, SamplingParams
 from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
 from dsgraph.models.deepseek_v41.config import load_config
+from dsgraph.models.deepseek_v41.dummy_weights import dummy_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.numerics import REFERENCE, SERVING
 from dsgraph.models.deepseek_v41.weights import prepare_weights
-from dsgraph.runtime.dummy_weights import dummy_weights
 from tests.oracle import model_fixtures as fx
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

@@ -37,8 +37,7 @@ def test_flash_global_cache_is_890_bytes_per_token() -> None:
     from dsgraph.models.deepseek_v41.config import parse_config
     from dsgraph.models.deepseek_v41.flash import flash_config_dict
     from dsgraph.models.deepseek_v41.layers_plan import layer_plans
-    from dsgraph.models.deepseek_v41.step_io import cache_types, default_geometry
-    from dsgraph.runtime.kvstore.layout import global_bytes_per_token
+    from dsgraph.models.deepseek_v41.step_io import cache_types, default_geometry, global_bytes_per_token
 
     text = parse_config(flash_config_dict()).text
     plans = layer_plans(text)

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.layers_plan import LayerMode, layer_plans
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.weights import prepare_weights
-from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench.model_config import LAYER_COUNTS, bench_config
 from tests.oracle import model_fixtures as fx
 
@@ -70,7 +70,7 @@ def test_bench_steps_run_on_the_tiny_model(tmp_path: Path) -> None:
 
 
 def test_meta_weights_match_the_random_ones(tmp_path: Path) -> None:
-    from dsgraph.runtime.dummy_weights import meta_serving_weights
+    from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
 
     model_dir = fx.checkpoint("tiny", str(tmp_path))
     cfg = fx.config(model_dir, None)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from dsgraph.models.deepseek_v41.config import parse_config
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.tiny import tiny_config_dict
-from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench.model_bench import synthetic_token_map
 from dsgraph.tools.bench.prefill_truncation import truncation_prefill_cases, wall_ms
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry
-from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches, session_for
 from dsgraph.tools.bench.spec_bench import _policies, expected_tokens, verify_step

@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from dsgraph.models.deepseek_v41.config import parse_config
     from dsgraph.models.deepseek_v41.flash import flash_config_dict
     from dsgraph.models.deepseek_v41.layers_plan import layer_plans
+    from dsgraph.models.deepseek_v41.step_io import global_bytes_per_token
     from dsgraph.runtime.kvstore.config import StoreConfig
-    from dsgraph.runtime.kvstore.layout import global_bytes_per_token
     from dsgraph.runtime.kvstore.store import TieredStore
     from dsgraph.runtime.kvstore.transport import make_transport
     from dsgraph.tools.bench.run import commit

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from dsgraph.runtime.dummy_weights import meta_serving_weights
+from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
 from dsgraph.tools.bench.model_bench import make_model
 from dsgraph.tools.bench.model_config import bench_config
 from dsgraph.tools.bench.traffic import decode_bytes

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.platform import env
-from dsgraph.runtime.dummy_weights import random_serving_weights
 from dsgraph.tools.bench import spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
 from dsgraph.tools.bench.extrapolate import extrapolate
