@@ -31,7 +31,7 @@ from dsgraph.runtime.bundle.warm import warm_inputs
 __all__ = ["compile_bundle"]
 
 
-def _engine(model_dir: Path, config: Any, ep: int) -> tuple[Any, Any]:
+def _engine(model_dir: Path, config: Any, ep: int, extra_experts: int | None) -> tuple[Any, Any]:
     """The cold engine (it traces, and profiles the tuned tables) and its EP rank (None without EP)."""
     from dsgraph.runtime.engine import Engine
 
@@ -42,7 +42,7 @@ def _engine(model_dir: Path, config: Any, ep: int) -> tuple[Any, Any]:
 
     if config.platform == "cuda":
         raise ValueError(f"--ep {ep} with --platform cuda: warming kernels needs the {ep} ranks; not yet supported")
-    rank = RankSetup(0, EPConfig(ep=ep))
+    rank = RankSetup(0, EPConfig(ep=ep) if extra_experts is None else EPConfig(ep=ep, extra_experts=extra_experts))
     return Engine(model_dir, config, rank=rank), rank
 
 
@@ -139,7 +139,13 @@ def _prepare_out(out: Path) -> Path:
 
 
 def compile_bundle(
-    model_dir: Path | None, config: Any, out: Path, *, ep: int = 1, log: Any = None
+    model_dir: Path | None,
+    config: Any,
+    out: Path,
+    *,
+    ep: int = 1,
+    extra_experts: int | None = None,
+    log: Any = None,
 ) -> dict[str, Any]:
     """Compile the bundle of `config` for the checkpoint at `model_dir` (None: the embedded tiny model)
     into the new folder `out`; returns the manifest."""
@@ -152,7 +158,7 @@ def compile_bundle(
     if cuda:  # before the engine starts: every kernel it compiles lands in the bundle
         env.set_triton_cache_dir(tmp / store.KERNELS)
     config = replace(config, bundle=None)
-    engine, rank = _engine(root, config, ep)
+    engine, rank = _engine(root, config, ep, extra_experts)
     spec = BucketSpec(
         config.max_num_batched_tokens, config.max_num_seqs, config.prefill_truncation, engine.spec is not None
     )
