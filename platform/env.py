@@ -18,6 +18,7 @@ __all__ = [
     "VARS",
     "EnvVar",
     "cache_home",
+    "child_environ",
     "engram_host_min_bytes",
     "read",
     "set_triton_cache_dir",
@@ -120,6 +121,14 @@ def set_triton_cache_dir(path: Path) -> None:
     """Point Triton's kernel cache at `path` for this process (read by Triton at each compile or cache
     lookup, so it must be set before the first kernel launches)."""
     os.environ["TRITON_CACHE_DIR"] = str(path)
+
+
+def child_environ(**overrides: str) -> dict[str, str]:
+    """This process's environment with declared variables overridden, for a child process."""
+    unknown = sorted(set(overrides) - set(VARS))
+    if unknown:
+        raise KeyError(f"environment variables {unknown} are not declared in dsgraph.platform.env.VARS")
+    return {**os.environ, **overrides}
 
 
 def triton_interpreting() -> bool:
