@@ -19,7 +19,6 @@ from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import Program, lower
 from dsgraph.runtime.sampling_params import SamplingParams
 
-
 GRAPHS = ("sample", "spec_verify", "sample_masked", "spec_verify_masked")
 
 
@@ -38,7 +37,9 @@ class Sampler:
         """`graphs`: the four sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing."""
         self.vocab, self.k = vocab_size, num_top_logprobs
         traced = self._trace(vocab_size) if graphs is None else graphs
-        self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (traced[n] for n in GRAPHS)
+        self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (
+            traced[n] for n in GRAPHS
+        )
         self.programs: dict[int, Program] = {}
         self.verify_programs: dict[tuple[int, int], Program] = {}
         self.masked_programs: dict[int, Program] = {}

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
-from dsgraph.models.interface import ROLLBACK_ROOM, ratios
+from dsgraph.models.interface import ROLLBACK_ROOM
 from dsgraph.platform import env
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_draft import has_dspark_stages

@@ -32,7 +32,13 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         config = EngineConfig(**kwargs)
-        compile_bundle(args.model and Path(args.model), config, Path(args.out), ep=args.ep, extra_experts=args.extra_experts)
+        compile_bundle(
+            args.model and Path(args.model),
+            config,
+            Path(args.out),
+            ep=args.ep,
+            extra_experts=args.extra_experts,
+        )
     except ValueError as exc:
         print(f"dsgraph compile: {exc}", file=sys.stderr)
         return 2

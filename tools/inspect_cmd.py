@@ -76,7 +76,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--example", action="store_true", help="use the built-in example function")
     p.add_argument("--bundle", help="describe a bundle of `dsgraph compile` (buckets, kernels, manifest)")
     p.add_argument(
-        "--program", metavar="KIND/BUCKET", help="with --bundle: one bucket's lowered program (step/tokens8-seqs2-outs4)"
+        "--program",
+        metavar="KIND/BUCKET",
+        help="with --bundle: one bucket's lowered program (step/tokens8-seqs2-outs4)",
     )
     p.add_argument("--model", help="model directory (config.json); traces the model's step")
     p.add_argument(

@@ -44,7 +44,9 @@ class BundleMismatchError(ValueError):
     def __init__(self, root: Path | str, problems: list[str]) -> None:
         self.root, self.problems = Path(root), problems
         lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"bundle {root} cannot be used ({len(problems)} mismatches; nothing was rebuilt):\n{lines}")
+        super().__init__(
+            f"bundle {root} cannot be used ({len(problems)} mismatches; nothing was rebuilt):\n{lines}"
+        )
 
 
 def raise_if(root: Path, problems: list[str]) -> None:
@@ -81,7 +83,9 @@ def check_files(root: Path, manifest: Mapping[str, Any]) -> list[str]:
         if not path.is_file():
             problems.append(f"file {rel}: missing; {RECOMPILE}")
         elif sha256_file(path) != digest:
-            problems.append(f"file {rel}: its sha256 differs from the manifest's (changed or damaged); {RECOMPILE}")
+            problems.append(
+                f"file {rel}: its sha256 differs from the manifest's (changed or damaged); {RECOMPILE}"
+            )
     return problems
 
 

@@ -41,8 +41,12 @@ def _engine(model_dir: Path, config: Any, ep: int, extra_experts: int | None) ->
     from dsgraph.runtime.distributed.rank import RankSetup
 
     if config.platform == "cuda":
-        raise ValueError(f"--ep {ep} with --platform cuda: warming kernels needs the {ep} ranks; not yet supported")
-    rank = RankSetup(0, EPConfig(ep=ep) if extra_experts is None else EPConfig(ep=ep, extra_experts=extra_experts))
+        raise ValueError(
+            f"--ep {ep} with --platform cuda: warming kernels needs the {ep} ranks; not yet supported"
+        )
+    rank = RankSetup(
+        0, EPConfig(ep=ep) if extra_experts is None else EPConfig(ep=ep, extra_experts=extra_experts)
+    )
     return Engine(model_dir, config, rank=rank), rank
 
 
@@ -125,7 +129,10 @@ def _placement(root: Path, rank: Any) -> None:
     """The initial expert placement of every MoE (what each rank's slots hold) of an EP bundle."""
     if rank is None:
         return
-    moes = {m: {"num_logical": p.num_logical, "phys_to_logical": list(p.phys_to_logical)} for m, p in rank.placements.items()}
+    moes = {
+        m: {"num_logical": p.num_logical, "phys_to_logical": list(p.phys_to_logical)}
+        for m, p in rank.placements.items()
+    }
     store.write_json(root, store.PLACEMENT, {"ep": rank.config.ep, "moes": moes})
 
 
@@ -176,7 +183,9 @@ def compile_bundle(
         "buckets": buckets,
         "sampler_graphs": _graphs(tmp, engine, set(buckets)),
         "tables": _tables(engine),
-        "kernels": kernel_summary(tmp / store.KERNELS, config.platform, sorted(k for k in buckets if k != "truncated")),
+        "kernels": kernel_summary(
+            tmp / store.KERNELS, config.platform, sorted(k for k in buckets if k != "truncated")
+        ),
     }
     _placement(tmp, rank)
     written = write_manifest(tmp, manifest)

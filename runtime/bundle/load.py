@@ -64,7 +64,9 @@ class Bundle:
         fields = {k: getattr(config, k) for k in COMPILED_FIELDS}
         problems += checks.check_run(m, fields, config_hash(model_dir), ep)
         if not problems:  # with every field equal the bucket list the run needs is the compiled one
-            spec = BucketSpec(config.max_num_batched_tokens, config.max_num_seqs, config.prefill_truncation, self.drafting)
+            spec = BucketSpec(
+                config.max_num_batched_tokens, config.max_num_seqs, config.prefill_truncation, self.drafting
+            )
             needed = enumerate_buckets(spec)
             problems += checks.check_buckets(m, needed)
         checks.raise_if(self.root, problems)
@@ -75,8 +77,10 @@ class Bundle:
             want = "drafts" if enabled else "does not draft"
             checks.raise_if(
                 self.root,
-                [f"speculative: the bundle was compiled {have} DSpark drafting, this run {want}; "
-                 f"pass --speculative {'dspark' if self.drafting else 'off'}, or {checks.RECOMPILE}"],
+                [
+                    f"speculative: the bundle was compiled {have} DSpark drafting, this run {want}; "
+                    f"pass --speculative {'dspark' if self.drafting else 'off'}, or {checks.RECOMPILE}"
+                ],
             )
 
     def graph(self, kind: str) -> Graph:
@@ -91,12 +95,14 @@ class Bundle:
         pairs = zip(graph.inputs, graph.input_names, strict=True)
         traced = {n.removeprefix("weights."): v.type for v, n in pairs if n.startswith("weights.")}
         problems = [
-            f"weight {name}: the bundle's graph reads {traced.get(name)}, this checkpoint has {weight_types.get(name)}; "
-            f"{checks.RECOMPILE}"
+            f"weight {name}: the bundle's graph reads {traced.get(name)}, this checkpoint has "
+            f"{weight_types.get(name)}; {checks.RECOMPILE}"
             for name in sorted(set(traced) | set(weight_types))
             if str(traced.get(name)) != str(weight_types.get(name))
         ]
-        checks.raise_if(self.root, problems[:8] + ([f"and {len(problems) - 8} more weights"] if len(problems) > 8 else []))
+        checks.raise_if(
+            self.root, problems[:8] + ([f"and {len(problems) - 8} more weights"] if len(problems) > 8 else [])
+        )
         return graph
 
     def step_program(self, sizes: Mapping[str, int], truncated: bool, platform: Platform | str) -> Program:
@@ -105,8 +111,10 @@ class Bundle:
         if cache != self.manifest["cache_sizes"]:
             checks.raise_if(
                 self.root,
-                [f"cache sizes: the bundle's programs are specialized to {self.manifest['cache_sizes']}, this "
-                 f"session has {cache}; {checks.RECOMPILE}"],
+                [
+                    f"cache sizes: the bundle's programs are specialized to {self.manifest['cache_sizes']}, "
+                    f"this session has {cache}; {checks.RECOMPILE}"
+                ],
             )
         dims = {k: v for k, v in sizes.items() if k in STEP_DIM_ORDER}
         return self.program("truncated" if truncated else "step", bucket_name(dims), platform)
@@ -116,8 +124,10 @@ class Bundle:
         if bucket not in self.manifest["buckets"].get(kind, {}):
             checks.raise_if(
                 self.root,
-                [f"buckets: the bundle has no {kind} bucket {bucket} (a step beyond the compiled limits "
-                 f"max_num_batched_tokens / max_num_seqs); {checks.RECOMPILE}"],
+                [
+                    f"buckets: the bundle has no {kind} bucket {bucket} (a step beyond the compiled limits "
+                    f"max_num_batched_tokens / max_num_seqs); {checks.RECOMPILE}"
+                ],
             )
         self.programs_loaded += 1
         return bind_program(store.read_graph(self.root, store.graph_path(kind, bucket)), platform)

@@ -21,8 +21,8 @@ def open_for_engine(config: Any, model_dir: Path, ep: int = 1) -> Bundle:
 
 
 def load_session(cls: Any, path: str | Path, model_dir: str | Path | None, config: Any) -> Any:
-    from dsgraph.runtime.checkpoint_load import cache_sizes, load_model_dir
     from dsgraph.platform.cuda.execute import resolve_device
+    from dsgraph.runtime.checkpoint_load import cache_sizes, load_model_dir
 
     bundle = open_bundle(path)
     config = bundle.engine_config() if config is None else config
@@ -36,7 +36,9 @@ def load_session(cls: Any, path: str | Path, model_dir: str | Path | None, confi
     bundle.point_kernels()
     loaded = load_model_dir(root, config)
     geo_model = _target(loaded, config, bundle.drafting)
-    session = cls(geo_model, loaded.weights, cache_sizes(geo_model, config), platform=config.platform, bundle=bundle)
+    session = cls(
+        geo_model, loaded.weights, cache_sizes(geo_model, config), platform=config.platform, bundle=bundle
+    )
     session.tokenizer = loaded.tokenizer
     return session
 
@@ -45,4 +47,6 @@ def _target(loaded: Any, config: Any, dspark: bool) -> Any:
     from dsgraph.models.interface import default_geometry
 
     geo = default_geometry(loaded.cfg.text, config.max_model_len, config.page_size)
-    return loaded.family.build(loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark, config.prefill_truncation)
+    return loaded.family.build(
+        loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark, config.prefill_truncation
+    )

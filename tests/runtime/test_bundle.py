@@ -144,7 +144,9 @@ def test_a_bucket_beyond_the_bundle_is_refused_not_lowered(bundle: Path) -> None
 def test_generate_with_a_bundle_of_other_options_says_what_to_do(
     bundle: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["generate", "--bundle", str(bundle), "--max-num-seqs", "4", "--max-model-len", "128"]) == 2
+    assert (
+        cli.main(["generate", "--bundle", str(bundle), "--max-num-seqs", "4", "--max-model-len", "128"]) == 2
+    )
     err = capsys.readouterr().err
     assert "2 mismatches" in err and "run with --max-num-seqs 2" in err
     assert "run with --max-num-batched-tokens 8" in err

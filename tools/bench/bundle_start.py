@@ -60,7 +60,9 @@ def _child(task: dict[str, Any], cache: Path, timeout_s: float) -> dict[str, Any
     done = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"bench bundle-start: {task['mode']} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        raise RuntimeError(
+            f"bench bundle-start: {task['mode']} failed ({done.returncode}):\n{done.stderr[-4000:]}"
+        )
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
@@ -88,7 +90,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "device": _device(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": "tiny (embedded)" if args.platform == "cpu" else f"bench 8-layer full width, experts {args.experts or 'all'}",
+        "model": "tiny (embedded)"
+        if args.platform == "cpu"
+        else f"bench 8-layer full width, experts {args.experts or 'all'}",
         "config": task["config"],
         "prompt_tokens": args.prompt_tokens,
         "cold_ttft_s": cold["ttft_s"],
@@ -111,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
         out = Path("bench/results") / f"bundle-start-{device}-{result['commit'][:7]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    met = "met" if result["meets_target"] else "NOT met"
     print(
-        f"cold {result['cold_ttft_s']:.2f} s, bundle {result['bundle_ttft_s']:.2f} s, ratio {result['ratio']:.1f}x "
-        f"(target >= {TARGET_RATIO}x and < {TARGET_BUNDLE_S} s: {'met' if result['meets_target'] else 'NOT met'}); {out}"
+        f"cold {result['cold_ttft_s']:.2f} s, bundle {result['bundle_ttft_s']:.2f} s, "
+        f"ratio {result['ratio']:.1f}x (target >= {TARGET_RATIO}x and < {TARGET_BUNDLE_S} s: {met}); {out}"
     )
     return 0
 
@@ -127,7 +132,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=["auto", "dspark", "off"], default="off")
     p.add_argument("--prompt-tokens", type=int, default=24)
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per process")
-    p.add_argument("--out", default=None, help="JSON path (default bench/results/bundle-start-DEVICE-COMMIT.json)")
+    p.add_argument(
+        "--out", default=None, help="JSON path (default bench/results/bundle-start-DEVICE-COMMIT.json)"
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
