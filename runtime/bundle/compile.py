@@ -71,8 +71,12 @@ def _draft_program(engine: Any, seqs: int, warm: bool) -> Any:
 def _write_bucket(root: Path, kind: str, name: str, program: Any) -> dict[str, Any]:
     size = store.write_graph(root, store.graph_path(kind, name), program.graph)
     store.write_text(root, store.text_path(kind, name), program.as_text())
-    plan = program.memory
-    return {"graph_bytes": size, "arena_bytes": plan.arena_bytes, "peak_bytes": plan.peak_bytes}
+    plan = program.memory  # None when a dim stays symbolic (an EP group's received rows per MoE)
+    return {
+        "graph_bytes": size,
+        "arena_bytes": None if plan is None else plan.arena_bytes,
+        "peak_bytes": None if plan is None else plan.peak_bytes,
+    }
 
 
 def _buckets(root: Path, engine: Any, spec: BucketSpec, warm: bool, log: Any) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,9 @@ from dsgraph.runtime.bundle.load import open_bundle
 __all__ = ["describe", "program_text"]
 
 
-def _size(n: int) -> str:
+def _size(n: int | None) -> str:
+    if n is None:
+        return "symbolic"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
