@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ def _model_dir(args: argparse.Namespace, tmp: Path) -> str:
     if args.experts:
         cfg["text_config"]["n_routed_experts"] = args.experts
     root = tmp / "model"
-    root.mkdir()
+    root.mkdir(exist_ok=True)
     (root / "config.json").write_text(json.dumps(cfg))
     return str(root)
 
@@ -74,16 +75,47 @@ def _device(platform: str) -> str:
     return torch.cuda.get_device_name()
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+STAGES = ("compile", "cold", "bundle")
+
+
+def _stages(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Runs the asked stages in `work`, keeping each stage's result there (`<stage>.json`), so a run
+    split over several commands (`--stages compile`, then `--stages cold,bundle`) sees the earlier ones."""
+    model = work / "model"
+    task = {
+        "model": str(model) if model.is_dir() else _model_dir(args, work),
+        "config": _config(args),
+        "bundle": str(work / "bundle"),
+        "prompt": [(7 * i + 3) % 97 + 2 for i in range(args.prompt_tokens)],
+    }
+    done: dict[str, Any] = {"task": task}
+    for stage in STAGES:
+        path = work / f"{stage}.json"
+        if stage in args.stages.split(","):
+            path.unlink(missing_ok=True)
+            shutil.rmtree(work / f"cache-{stage}", ignore_errors=True)
+            if stage == "compile":
+                shutil.rmtree(work / "bundle", ignore_errors=True)
+            result = _child({**task, "mode": stage}, work / f"cache-{stage}", args.timeout_s)
+            path.write_text(json.dumps(result))
+        if path.is_file():
+            done[stage] = json.loads(path.read_text())
+    return done
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The result, or None while a stage has not run yet (with --work, over several commands)."""
     from dsgraph.tools.bench.run import commit
 
-    with tempfile.TemporaryDirectory(prefix="dsgraph-bundle-start-") as name:
-        tmp = Path(name)
-        task = {"model": _model_dir(args, tmp), "config": _config(args), "bundle": str(tmp / "bundle")}
-        task["prompt"] = [(7 * i + 3) % 97 + 2 for i in range(args.prompt_tokens)]
-        compiled = _child({**task, "mode": "compile"}, tmp / "cache-compile", args.timeout_s)
-        cold = _child({**task, "mode": "cold"}, tmp / "cache-cold", args.timeout_s)
-        warm = _child({**task, "mode": "bundle"}, tmp / "cache-bundle", args.timeout_s)
+    if args.work:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        got = _stages(args, Path(args.work))
+    else:
+        with tempfile.TemporaryDirectory(prefix="dsgraph-bundle-start-") as name:
+            got = _stages(args, Path(name))
+    if any(stage not in got for stage in STAGES):
+        return None
+    task, compiled, cold, warm = got["task"], got["compile"], got["cold"], got["bundle"]
     ratio = cold["ttft_s"] / warm["ttft_s"]
     return {
         "bench": "bundle-start",
@@ -109,6 +141,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     result = measure(args)
+    if result is None:
+        print(f"bench bundle-start: {args.stages} done in {args.work}; run the other stages with this --work")
+        return 0
     out = Path(args.out) if args.out else None
     if out is None:
         device = result["device"].replace(" ", "-")
@@ -132,6 +167,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=["auto", "dspark", "off"], default="off")
     p.add_argument("--prompt-tokens", type=int, default=24)
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per process")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
+    p.add_argument(
+        "--work", default=None, help="folder kept between runs of some --stages (default: temporary)"
+    )
     p.add_argument(
         "--out", default=None, help="JSON path (default bench/results/bundle-start-DEVICE-COMMIT.json)"
     )
