@@ -27,6 +27,8 @@ TARGET_BUNDLE_S = 30.0
 
 
 def _model_dir(args: argparse.Namespace, tmp: Path) -> str:
+    if args.model:
+        return str(Path(args.model).resolve())
     if args.platform == "cpu":
         from dsgraph.tools.generate_cmd import default_model_dir
 
@@ -49,7 +51,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "speculative": args.speculative,
-        "load_format": "dummy" if args.platform == "cuda" else "auto",
+        "load_format": "dummy" if args.platform == "cuda" and not args.model else "auto",
     }
 
 
@@ -65,6 +67,14 @@ def _child(task: dict[str, Any], cache: Path, timeout_s: float) -> dict[str, Any
             f"bench bundle-start: {task['mode']} failed ({done.returncode}):\n{done.stderr[-4000:]}"
         )
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    if args.platform == "cpu":
+        return "tiny (embedded)"
+    return f"bench 8-layer full width, experts {args.experts or 'all'}"
 
 
 def _device(platform: str) -> str:
@@ -122,9 +132,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
         "device": _device(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model": "tiny (embedded)"
-        if args.platform == "cpu"
-        else f"bench 8-layer full width, experts {args.experts or 'all'}",
+        "model": _model_name(args),
         "config": task["config"],
         "prompt_tokens": args.prompt_tokens,
         "cold_ttft_s": cold["ttft_s"],
@@ -160,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--platform", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--model", default=None, help="a checkpoint instead (default: bench model / tiny model)")
     p.add_argument("--experts", type=int, default=None, help="cuda: routed experts kept (default: all 384)")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=2)
