@@ -18,6 +18,7 @@ RECOMPILE = "compile a new bundle on this machine with `dsgraph compile` (docs/b
 _ENV_WHAT = {
     "dsgraph": "dsgraph version",
     "commit": "dsgraph commit (graphs and kernels follow the source)",
+    "source": "sha256 of dsgraph's Python sources (an uncommitted edit changes it)",
     "torch": "torch version",
     "triton": "Triton version (its kernel binaries)",
     "cuda": "CUDA version",

@@ -30,8 +30,8 @@ def _header(m: dict[str, Any], root: Path) -> list[str]:
     caches = " ".join(f"{k}={v}" for k, v in sorted(m["cache_sizes"].items()))
     return [
         f"bundle {root} ({m['format']} v{m['version']})",
-        f"built by: dsgraph {e['dsgraph']} commit {e['commit']}, torch {e['torch']}, triton {e['triton']}, "
-        f"cuda {e['cuda']}, arch {e['arch']}",
+        f"built by: dsgraph {e['dsgraph']} commit {e['commit']} (sources {str(e.get('source'))[:12]}..), "
+        f"torch {e['torch']}, triton {e['triton']}, cuda {e['cuda']}, arch {e['arch']}",
         f"model: {m['model_dir'] or 'the embedded tiny model'} (config.json sha256 {m['config_hash']})",
         f"engine: {engine}",
         f"expert parallel: {m['ep']} rank(s); cache sizes: {caches}",

@@ -69,6 +69,24 @@ def _commit() -> str:
         return "unknown"
 
 
+# the subpackages whose code decides a graph, its lowering or its kernels
+SOURCE_PACKAGES = ("graph", "ops", "models", "platform", "runtime")
+
+
+def source_hash() -> str:
+    """sha256 of the Python sources of SOURCE_PACKAGES as installed: catches an edit the commit does not
+    name (a work tree with changes, an install without git)."""
+    import importlib
+
+    h = hashlib.sha256()
+    for name in SOURCE_PACKAGES:
+        for folder in importlib.import_module(f"dsgraph.{name}").__path__:
+            for path in sorted(Path(folder).rglob("*.py")):
+                h.update(f"{name}/{path.relative_to(folder).as_posix()}\0".encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def _arch(platform: str) -> str:
     if platform != "cuda":
         return "cpu"
@@ -85,6 +103,7 @@ def current_environment(platform: str) -> dict[str, Any]:
     return {
         "dsgraph": _version("dsgraph") or "0+unknown",
         "commit": _commit(),
+        "source": source_hash(),
         "torch": torch.__version__,
         "triton": _version("triton") if platform == "cuda" else None,
         "cuda": torch.version.cuda if platform == "cuda" else None,
