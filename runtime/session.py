@@ -19,6 +19,10 @@ A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill
 model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
 compact its `kept` dim (the decoder's rows) is one more bucketed dim.
 
+A session of an ahead-of-time bundle (`Session.load`, `bundle=`; runtime/bundle/, docs/bundle.md) reads
+its graphs and bucket programs from the bundle instead of tracing and lowering them, and pads every step to
+the bundle's buckets on cpu too (padding rows read and write nothing, so the logits are unchanged).
+
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
 the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
 the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.
