@@ -182,6 +182,7 @@ def compile_bundle(
         "model_dir": None if model_dir is None else str(root.resolve()),
         "config_hash": config_hash(root),
         "engine": {k: getattr(config, k) for k in COMPILED_FIELDS},
+        "load_format": config.load_format,  # not checked: Session.load's default only
         "ep": ep,
         "cache_sizes": engine.session.cache_sizes.sizes(),
         "buckets": buckets,

@@ -46,6 +46,7 @@ class Bundle:
         from dsgraph.runtime.engine_config import EngineConfig
 
         fields = {k: self.manifest["engine"][k] for k in COMPILED_FIELDS}
+        fields["load_format"] = self.manifest.get("load_format", "auto")
         return EngineConfig(**{**fields, "bundle": str(self.root), **overrides})
 
     def model_dir(self) -> Path:
