@@ -18,8 +18,10 @@ __all__ = [
     "VARS",
     "EnvVar",
     "cache_home",
+    "child_environ",
     "engram_host_min_bytes",
     "read",
+    "set_triton_cache_dir",
     "side_stream",
     "triton_interpreting",
 ]
@@ -69,6 +71,13 @@ VARS: dict[str, EnvVar] = {
             False,
             "Triton's own: kernels run under its CPU interpreter (the cuda tests on a machine without a GPU)",
         ),
+        EnvVar(
+            "TRITON_CACHE_DIR",
+            str,
+            "",
+            "Triton's own: where compiled kernels are cached (a bundle's session points it at the bundle's "
+            "kernels; default ~/.triton/cache)",
+        ),
     )
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -106,6 +115,20 @@ def engram_host_min_bytes() -> int:
 def cache_home() -> Path:
     """$XDG_CACHE_HOME, or ~/.cache."""
     return Path(str(read("XDG_CACHE_HOME")) or Path.home() / ".cache")
+
+
+def set_triton_cache_dir(path: Path) -> None:
+    """Point Triton's kernel cache at `path` for this process (read by Triton at each compile or cache
+    lookup, so it must be set before the first kernel launches)."""
+    os.environ["TRITON_CACHE_DIR"] = str(path)
+
+
+def child_environ(**overrides: str) -> dict[str, str]:
+    """This process's environment with declared variables overridden, for a child process."""
+    unknown = sorted(set(overrides) - set(VARS))
+    if unknown:
+        raise KeyError(f"environment variables {unknown} are not declared in dsgraph.platform.env.VARS")
+    return {**os.environ, **overrides}
 
 
 def triton_interpreting() -> bool:

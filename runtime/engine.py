@@ -19,6 +19,7 @@ import torch
 from dsgraph.models.interface import default_geometry, numerics_for, ratios
 from dsgraph.models.registry import family_for
 from dsgraph.platform.cuda.execute import resolve_device
+from dsgraph.runtime.bundle.session_load import open_for_engine
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_config import EngineConfig
@@ -109,6 +110,8 @@ class Engine:
         root = Path(model_dir)
         self.model_dir = root
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
+        bundle = open_for_engine(config, root, rank.config.ep if rank else 1) if config.bundle else None
+        config = config if bundle is None else bundle.with_tables(config)
         family = family_for(root)
         cfg = family.load_config(root)
         self.config, self.cfg = config, cfg
@@ -120,6 +123,8 @@ class Engine:
             weights = rank.local_weights(weights)
         drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
         spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
+        if bundle is not None:
+            bundle.check_drafting(spec.enabled)
         geo = default_geometry(cfg.text, max_len, config.page_size)
         # the model first: a family without truncation refuses it there, naming the option
         self.model = family.build(cfg, self.tokenizer, num, geo, spec.enabled, config.prefill_truncation)
@@ -130,8 +135,8 @@ class Engine:
             self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()
         platform = rank.platform(config.platform) if rank is not None else config.platform
-        self.session = Session(self.model, weights, sizes, platform=platform)
-        self.sampler = Sampler(cfg.text.vocab_size)
+        self.session = Session(self.model, weights, sizes, platform=platform, bundle=bundle)
+        self.sampler = Sampler(cfg.text.vocab_size, graphs=bundle.sampler_graphs() if bundle else None)
         self.spec: SpecDecoder | None = None
         curve = None
         if spec.enabled:

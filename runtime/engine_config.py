@@ -73,6 +73,10 @@ class EngineConfig:
     # reference numerics and DeepInfer's own setting; vLLM turns its replay on by default (README).
     prefill_truncation: str = "off"
     prefill_keep_tokens: int | None = None
+    # An ahead-of-time bundle (`dsgraph compile`, docs/bundle.md): graphs, bucket programs, kernels and
+    # tuned tables come from it instead of tracing, lowering, compiling and profiling; a bundle that does
+    # not fit this machine or these options is refused with every mismatch listed. None: build at start.
+    bundle: str | None = None
 
     def __post_init__(self) -> None:
         check_spec_config(self)

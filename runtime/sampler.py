@@ -5,19 +5,21 @@ output, runtime/structured/): steps without one run the programs without the mas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dsgraph.graph import TensorType, make_graph
+from dsgraph.graph import Graph, TensorType, make_graph
 from dsgraph.graph.passes import specialize
 from dsgraph.ops import op
 from dsgraph.ops.sampling import mask_words
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import Program, lower
 from dsgraph.runtime.sampling_params import SamplingParams
+
+GRAPHS = ("sample", "spec_verify", "sample_masked", "spec_verify_masked")
 
 
 @dataclass(frozen=True)
@@ -29,21 +31,32 @@ class Samples:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, num_top_logprobs: int = 20) -> None:
+    def __init__(
+        self, vocab_size: int, num_top_logprobs: int = 20, graphs: Mapping[str, Graph] | None = None
+    ) -> None:
+        """`graphs`: the four sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing."""
         self.vocab, self.k = vocab_size, num_top_logprobs
-        logits = TensorType(("outs", vocab_size), "f32")
-        row = [TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32")]
-        self.graph = make_graph(self._fn, logits, *row, name="sample")
+        traced = self._trace(vocab_size) if graphs is None else graphs
+        self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (
+            traced[n] for n in GRAPHS
+        )
         self.programs: dict[int, Program] = {}
-        verify_in = [logits, TensorType(("outs",), "i32"), logits, *row, *[TensorType(("seqs",), "i32")] * 2]
-        self.verify_graph = make_graph(self._verify_fn, *verify_in, name="spec_verify")
         self.verify_programs: dict[tuple[int, int], Program] = {}
-        # both again with the allowed-token bitmask as their last operand (structured output)
-        allowed = TensorType(("outs", mask_words(vocab_size)), "i32")
-        self.masked_graph = make_graph(self._masked_fn, logits, *row, allowed, name="sample_masked")
-        self.masked_verify_graph = make_graph(self._verify_fn, *verify_in, allowed, name="spec_verify_masked")
         self.masked_programs: dict[int, Program] = {}
         self.masked_verify_programs: dict[tuple[int, int], Program] = {}
+
+    def _trace(self, vocab_size: int) -> dict[str, Graph]:
+        logits = TensorType(("outs", vocab_size), "f32")
+        row = [TensorType(("outs",), d) for d in ("f32", "f32", "i32", "f32", "i64", "i32")]
+        verify_in = [logits, TensorType(("outs",), "i32"), logits, *row, *[TensorType(("seqs",), "i32")] * 2]
+        # both again with the allowed-token bitmask as their last operand (structured output)
+        allowed = TensorType(("outs", mask_words(vocab_size)), "i32")
+        return {
+            "sample": make_graph(self._fn, logits, *row, name="sample"),
+            "spec_verify": make_graph(self._verify_fn, *verify_in, name="spec_verify"),
+            "sample_masked": make_graph(self._masked_fn, logits, *row, allowed, name="sample_masked"),
+            "spec_verify_masked": make_graph(self._verify_fn, *verify_in, allowed, name="spec_verify_masked"),
+        }
 
     def _fn(self, logits, temperature, top_p, top_k, min_p, seed, position, *allowed):  # type: ignore[no-untyped-def]
         token, logprob, top_lp, top_ids = op.sample(

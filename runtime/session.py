@@ -19,6 +19,10 @@ A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill
 model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
 compact its `kept` dim (the decoder's rows) is one more bucketed dim.
 
+A session of an ahead-of-time bundle (`Session.load`, `bundle=`; runtime/bundle/, docs/bundle.md) reads
+its graphs and bucket programs from the bundle instead of tracing and lowering them, and pads every step to
+the bundle's buckets on cpu too (padding rows read and write nothing, so the logits are unchanged).
+
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
 the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
 the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.
@@ -126,6 +130,7 @@ class Session:
         capture: bool = True,
         capture_max_tokens: int = CAPTURE_MAX_TOKENS,
         host_min_bytes: int | None = None,
+        bundle: Any = None,
     ) -> None:
         from dsgraph.models.interface import weight_types
         from dsgraph.runtime.spec_draft import target_weights
@@ -147,7 +152,13 @@ class Session:
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self._weight_types = weight_types(target, backbone_only=False)
         self._debug = debug
-        self.graph: Graph = model.trace_step(self._weight_types, debug=debug)
+        # a bundle's session reads its graphs and bucket programs from the bundle (runtime/bundle/) and
+        # pads every step to the bundle's buckets, on cpu too
+        self.bundle = bundle
+        if bundle is not None:
+            self.graph: Graph = bundle.target_graph(self._weight_types)
+        else:
+            self.graph = model.trace_step(self._weight_types, debug=debug)
         self.graphs: dict[bool, Graph] = {False: self.graph}  # truncated prefill -> its graph variant
         self.cache_sizes = caches
         self.caches = {
@@ -192,6 +203,18 @@ class Session:
         session.tokenizer = loaded.tokenizer
         return session
 
+    @classmethod
+    def load(
+        cls, bundle: str | Path, model_dir: str | Path | None = None, config: EngineConfig | None = None
+    ) -> Session:
+        """A session from an ahead-of-time bundle (`dsgraph compile`, docs/bundle.md): its graphs and
+        bucket programs are read, not traced or lowered, and Triton's cache points at its kernels; then
+        the weights load. `model_dir` defaults to the checkpoint it was compiled from, `config` to its
+        compiled options. A bundle that does not fit raises BundleMismatchError listing every mismatch."""
+        from dsgraph.runtime.bundle.session_load import load_session
+
+        return load_session(cls, bundle, model_dir, config)
+
     def open_sequence(self) -> SeqState:
         """A new sequence with a state slot of its own (`CachePoolError` when every slot is held)."""
         if self._seqs is None:
@@ -219,6 +242,8 @@ class Session:
         return sizes
 
     def _graph(self, truncated: bool) -> Graph:
+        if truncated not in self.graphs and self.bundle is not None:
+            self.graphs[truncated] = self.bundle.graph("truncated")
         if truncated not in self.graphs:
             self.graphs[truncated] = self.model.trace_step(
                 self._weight_types, debug=self._debug, truncated=True
@@ -230,6 +255,8 @@ class Session:
 
     def _program(self, sizes: dict[str, int], truncated: bool = False) -> Program:
         key = self._key(sizes, truncated)
+        if key not in self.programs and self.bundle is not None:
+            self.programs[key] = self.bundle.step_program(sizes, truncated, self.platform)
         if key not in self.programs:
             self.programs[key] = lower(specialize(self._graph(truncated), sizes), self.platform)
             self.programs_built += 1
@@ -251,13 +278,17 @@ class Session:
         }
         if fix is not None:
             fix_inputs(tensors, fix.sources, fix.prev_tokens)
+        sizes, outs = self._sizes(tensors), None
+        if self.bundle is not None:
+            sizes, outs, padded = self._bucketed(tensors)
+            tensors = {k: torch.from_numpy(np.array(v)) for k, v in padded.items()}
         args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
         args.update({f"step.{k}": v for k, v in tensors.items()})
-        out = run_program(self._program(self._sizes(tensors), TRUNCATED_INPUT in step), args)
+        out = run_program(self._program(sizes, TRUNCATED_INPUT in step), args)
         for name in self.caches:
             self.caches[name] = out[f"caches.{name}"]
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
-        return out["logits"]
+        return out["logits"] if outs is None else out["logits"][:outs]
 
     def _fixed(self) -> dict[str, torch.Tensor]:
         return {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
@@ -267,15 +298,20 @@ class Session:
         step is bucketed, so captured graphs stay few."""
         from dsgraph.platform.cuda.execute import DeviceProgram
 
-        sizes = self._sizes(step)
-        outs = sizes["outs"]
-        sizes.update({d: bucket_size(sizes[d]) for d in STEP_DIMS if d in sizes})
-        padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
+        sizes, outs, padded = self._bucketed(step)
         truncated = TRUNCATED_INPUT in step
         key = self._key(sizes, truncated)
         if key not in self.device_programs:
             self.device_programs[key] = DeviceProgram(self._program(sizes, truncated), self.device)
         return DeviceStep(key, self.device_programs[key], padded, outs)
+
+    def _bucketed(self, step: Mapping[str, Array]) -> tuple[dict[str, int], int, dict[str, np.ndarray]]:
+        """The step's bucket (every step dim padded to a power of two), its real sampled rows and its
+        inputs padded to the bucket."""
+        sizes = self._sizes(step)
+        outs = sizes["outs"]
+        sizes.update({d: bucket_size(sizes[d]) for d in STEP_DIMS if d in sizes})
+        return sizes, outs, pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
 
     def eager_args(self, padded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Graph inputs of an eager device run of a padded step (weights, caches, step tensors)."""

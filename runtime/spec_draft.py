@@ -76,7 +76,15 @@ class DraftRunner:
         # copies, not second ones
         held, device = session.weights, session.device
         self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
+<<<<<<< HEAD
         self.graph: Graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
+=======
+        self.bundle = getattr(session, "bundle", None)  # a bundle's session: its draft graphs are read
+        if self.bundle is not None:
+            self.graph: Graph = self.bundle.graph("draft")
+        else:
+            self.graph = trace_draft(model, weight_types(draft, backbone_only=False), stream=stream)
+>>>>>>> h23-bundle
         self.programs: dict[int, Program] = {}
         self.device_programs: dict[int, Any] = {}
         self.block = self.text.dspark_block_size
@@ -88,6 +96,8 @@ class DraftRunner:
         self.pool: Any = None  # one CUDA-graph memory pool for every draft bucket
 
     def _program(self, seqs: int) -> Program:
+        if seqs not in self.programs and self.bundle is not None:
+            self.programs[seqs] = self.bundle.program("draft", f"seqs{seqs}", self.session.platform)
         if seqs not in self.programs:
             sizes = {"slots": self.session.cache_sizes.num_slots, "seqs": seqs, "tokens": seqs * self.block}
             self.programs[seqs] = lower(specialize(self.graph, sizes), self.session.platform)

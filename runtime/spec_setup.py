@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dsgraph.models.interface import ROLLBACK_ROOM, DraftRequest, ratios
+from dsgraph.models.interface import ROLLBACK_ROOM, DraftRequest
 from dsgraph.platform import env
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_draft import has_dspark_stages
@@ -110,31 +110,10 @@ def curve_cache_dir() -> Path:
 def profile_inputs(model: Any, n: int) -> dict[str, np.ndarray]:
     """A step of n real rows: sequences of consecutive positions from 0 in slots 0, 1, ..., on pages
     0, 1, ... (the caches are cleared after profiling)."""
-    geo, text = model.geo, model.cfg.text
-    span = geo.max_model_len - 1
-    lengths = [min(span, n - i) for i in range(0, n, span)]
-    lookback = text.engram_max_ngram_size - 1
-    out: dict[str, Any] = {
-        "token_ids": np.arange(n, dtype=np.int32) % text.vocab_size,
-        "positions": np.concatenate([np.arange(m) for m in lengths]).astype(np.int32),
-        "seq_ids": np.repeat(np.arange(len(lengths)), lengths).astype(np.int32),
-        "seq_slot": np.arange(len(lengths), dtype=np.int32),
-        "seq_start": np.zeros(len(lengths), np.int32),
-        "seq_end": np.asarray(lengths, np.int32),
-        "seq_window_start": np.zeros(len(lengths), np.int32),
-        "lookback": np.full((len(lengths), lookback), -1, np.int32),
-        "sample_rows": np.arange(n, dtype=np.int32),
-        "is_replay": np.zeros(n, np.int32),
-    }
-    for r in ratios(model.plans):
-        table = np.full((len(lengths), geo.pages_per_seq(r)), -1, np.int32)
-        used = 0
-        for s, m in enumerate(lengths):
-            need = -(-(m // r) // geo.page_size)  # pages holding the entries of m tokens
-            table[s, :need] = np.arange(used, used + need)
-            used += need
-        out[f"block_table_r{r}"] = table
-    return out
+    from dsgraph.runtime.bundle.warm import step_inputs
+
+    span = model.geo.max_model_len - 1
+    return step_inputs(model, [min(span, n - i) for i in range(0, n, span)], n)
 
 
 def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> ThroughputCurve:

@@ -8,6 +8,7 @@ from importlib import metadata
 
 from dsgraph.tools import (
     bench_cmd,
+    compile_cmd,
     generate_cmd,
     inspect_cmd,
     make_tiny_cmd,
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dsgraph {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     bench_cmd.add_parser(sub)
+    compile_cmd.add_parser(sub)
     generate_cmd.add_parser(sub)
     inspect_cmd.add_parser(sub)
     make_tiny_cmd.add_parser(sub)

@@ -68,6 +68,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="normal",
         help="prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
     )
+    p.add_argument(
+        "--bundle",
+        default=None,
+        help="start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,4 +94,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "deterministic": args.deterministic,
         "overlap": args.overlap,
         "engine_type": args.engine_type,
+        "bundle": args.bundle,
     }

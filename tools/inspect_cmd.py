@@ -74,6 +74,12 @@ def dump(stages: Stages, platform: str, only: str | None = None) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print a step's graph at each stage, or diff two of them")
     p.add_argument("--example", action="store_true", help="use the built-in example function")
+    p.add_argument("--bundle", help="describe a bundle of `dsgraph compile` (buckets, kernels, manifest)")
+    p.add_argument(
+        "--program",
+        metavar="KIND/BUCKET",
+        help="with --bundle: one bucket's lowered program (step/tokens8-seqs2-outs4)",
+    )
     p.add_argument("--model", help="model directory (config.json); traces the model's step")
     p.add_argument(
         "--step", default="decode", help="step kind with --model: decode, prefill, verify or draft"
@@ -127,6 +133,10 @@ def load_graph(args: argparse.Namespace) -> tuple[Graph, str, int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.bundle:
+        from dsgraph.tools.compile_cmd import inspect_bundle
+
+        return inspect_bundle(args.bundle, args.program)
     graph, kind, block = load_graph(args)
     if args.diff:
         from dsgraph.tools.inspect_diff import run_diff

@@ -1,0 +1,97 @@
+"""One measurement of `dsgraph bench bundle-start`, in a process of its own (tools/bench/bundle_start.py
+starts it): `compile` writes the bundle; `cold` and `bundle` time a start to the first token of one greedy
+request, less the time spent loading (or generating) the weights. Prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _sync(platform: str) -> None:
+    if platform == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _timed_weights(platform: str) -> dict[str, float]:
+    """Wraps the engine's weight loading so its seconds can be taken out of the start."""
+    from dsgraph.runtime import engine as engine_module
+
+    spent = {"s": 0.0}
+    load = engine_module.load_weights
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = load(*args, **kwargs)
+        _sync(platform)
+        spent["s"] += time.perf_counter() - start
+        return out
+
+    engine_module.load_weights = timed
+    return spent
+
+
+def _start(model: str, config: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
+    from dsgraph.runtime.bundle.kernels import count_compiled
+    from dsgraph.runtime.llm import LLM
+    from dsgraph.runtime.sampling_params import SamplingParams
+
+    spent = _timed_weights(config["platform"])
+    start = time.perf_counter()
+    llm = LLM(model, **config)
+    _sync(config["platform"])
+    ready = time.perf_counter() - start
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=1))
+    _sync(config["platform"])
+    total = time.perf_counter() - start
+    bundle = llm.engine.session.bundle
+    result = {
+        "ttft_s": total - spent["s"],
+        "weights_s": spent["s"],
+        "ready_s": ready - spent["s"],  # engine built (profiling included), weights excluded
+        "total_s": total,
+        "token": list(out[0].outputs[0].token_ids),
+        "programs_built": llm.engine.session.programs_built,
+    }
+    if bundle is not None:
+        shipped = len(bundle.manifest["kernels"].get("binaries", []))
+        result["kernels_compiled_at_start"] = (
+            count_compiled(bundle.kernel_dir) - shipped if bundle.kernel_dir else 0
+        )
+        result["programs_loaded"] = bundle.programs_loaded
+    return result
+
+
+def _compile(model: str, config: dict[str, Any], out: str) -> dict[str, Any]:
+    from dsgraph.runtime.bundle.compile import compile_bundle
+    from dsgraph.runtime.engine_config import EngineConfig
+
+    start = time.perf_counter()
+    manifest = compile_bundle(Path(model), EngineConfig(**config), Path(out), log=lambda _msg: None)
+    files = [Path(out) / rel for rel in manifest["files"]]
+    return {
+        "compile_s": time.perf_counter() - start,
+        "bundle_bytes": sum(p.stat().st_size for p in files),
+        "buckets": {k: len(v) for k, v in manifest["buckets"].items()},
+        "kernels_in_bundle": len(manifest["kernels"].get("binaries", [])),
+    }
+
+
+def main(argv: list[str]) -> int:
+    task = json.loads(argv[0])
+    if task["mode"] == "compile":
+        result = _compile(task["model"], task["config"], task["bundle"])
+    else:
+        config = dict(task["config"], bundle=task["bundle"] if task["mode"] == "bundle" else None)
+        result = _start(task["model"], config, task["prompt"])
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
