@@ -76,15 +76,11 @@ class DraftRunner:
         # copies, not second ones
         held, device = session.weights, session.device
         self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
-<<<<<<< HEAD
-        self.graph: Graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
-=======
         self.bundle = getattr(session, "bundle", None)  # a bundle's session: its draft graphs are read
         if self.bundle is not None:
             self.graph: Graph = self.bundle.graph("draft")
         else:
-            self.graph = trace_draft(model, weight_types(draft, backbone_only=False), stream=stream)
->>>>>>> h23-bundle
+            self.graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
         self.programs: dict[int, Program] = {}
         self.device_programs: dict[int, Any] = {}
         self.block = self.text.dspark_block_size
