@@ -19,10 +19,29 @@ def default_model_dir() -> Path:
     """The embedded default: a tiny random checkpoint in the released format, made once per cache dir."""
     root = env.cache_home() / "dsgraph" / "tiny-v41-seed0"
     if not (root / "config.json").exists():
-        from dsgraph.models.deepseek_v41.tiny import make_tiny
-
-        make_tiny(root, seed=0)
+        _make_default(root)
     return root
+
+
+def _make_default(root: Path) -> None:
+    """Written beside `root` and renamed into place, so that processes starting together (test workers,
+    EP ranks) never read a half-written checkpoint; the first rename wins and the others discard theirs."""
+    import os
+    import shutil
+    import tempfile
+
+    from dsgraph.models.deepseek_v41.tiny import make_tiny
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
+    try:
+        make_tiny(tmp, seed=0)
+        os.rename(tmp, root)
+    except OSError:
+        if not (root / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
