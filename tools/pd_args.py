@@ -14,7 +14,12 @@ def add_pd_arguments(p: argparse.ArgumentParser) -> None:
     d = StoreConfig()
     g = p.add_argument_group("prefill/decode disaggregation and KV store")
     g.add_argument(
-        "--pd-peer", default=None, help="--engine-type prompt: the completion server's URL (http://host:port)"
+        "--pd-peer",
+        nargs="+",
+        default=None,
+        metavar="URL",
+        help="--engine-type prompt: the completion servers' URLs (http://host:port); requests decode on the "
+        "first, or on the one a router names (dsgraph router --prefill ... --decode ...)",
     )
     g.add_argument(
         "--pd-transport",

@@ -171,7 +171,7 @@ def export_running(engine: Engine, rid: int) -> Exported:
     pd = _state(engine)
     live = engine.live[rid]
     alloc = engine.scheduler.native.allocation(rid)
-    cached = alloc.num_computed
+    cached = alloc.num_cached
     if not live.tokens or cached != len(live.prompt) + len(live.tokens) - 1:
         raise HandoffError(f"request {rid} is not decoding ({cached} of its tokens are cached)")
     caches, page_size = engine.session.caches, engine.model.geo.page_size
