@@ -50,7 +50,9 @@ class MooncakeTier:
         self.store: Any = MooncakeDistributedStore()
         rc = self.store.setup(host, "P2PHANDSHAKE", segment_bytes, buffer_bytes, "tcp", "", master)
         if rc != 0:
-            raise RuntimeError(f"kv store remote tier: cannot join the Mooncake master at {master} (status {rc})")
+            raise RuntimeError(
+                f"kv store remote tier: cannot join the Mooncake master at {master} (status {rc})"
+            )
         self._lock = threading.Lock()
         self.stats = TierStats()
 

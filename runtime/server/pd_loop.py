@@ -231,7 +231,9 @@ class PromptLoop(EngineLoop):
             return self.peer
         url = named.rstrip("/")
         if url not in self.peers:
-            raise RequestError("x-dsgraph-decode-url", named, f"one of this server's --pd-peer URLs {list(self.peers)}")
+            raise RequestError(
+                "x-dsgraph-decode-url", named, f"one of this server's --pd-peer URLs {list(self.peers)}"
+            )
         return url
 
     def abort(self, rid: int) -> None:

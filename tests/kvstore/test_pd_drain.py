@@ -84,4 +84,3 @@ def test_draining_a_completion_engine_moves_its_requests_with_their_kv(trio) -> 
         wait_idle(state)
         assert held_pages(state.loop.engine) == {1: 0, 2: 0}
     assert all(not t.published for t in transports) and a.loop.moving == 0
-

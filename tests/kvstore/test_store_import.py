@@ -42,7 +42,12 @@ def _run(e: Any, rid: int, prompt: list[int]) -> tuple[list[int], list[float], i
     e.release(rid)
     first = next(i for i, ev in enumerate(events) if ev.token >= 0)
     tokens = [ev.token for ev in events if ev.token >= 0]
-    return tokens, [ev.logprob for ev in events if ev.token >= 0], sum(rows[: first + 1]), events[0].num_cached_tokens
+    return (
+        tokens,
+        [ev.logprob for ev in events if ev.token >= 0],
+        sum(rows[: first + 1]),
+        events[0].num_cached_tokens,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -126,4 +131,3 @@ def test_a_corrupt_block_only_shortens_the_hit(cold, written: Path, tmp_path: Pa
     tokens, logprobs, rows, cached = _run(b, 0, PROMPT)
     assert (tokens, logprobs) == cold and cached == 64 and rows == len(PROMPT) - (64 - REPLAY)
     assert store.metrics()["disk"]["corrupt"] == 1
-
