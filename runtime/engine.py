@@ -154,7 +154,9 @@ class Engine:
             ),
             curve,
         )
-        overlap = config.engine_type == "normal" and resolve_overlap(config, spec.enabled)
+        overlap = (config.engine_type == "normal" and resolve_overlap(config, spec.enabled)) or (
+            config.engine_type == "prompt" and config.overlap == "on"
+        )
         self.overlap = OverlapLoop(self) if overlap else None
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`

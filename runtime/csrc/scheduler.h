@@ -55,7 +55,10 @@
 // discarded) and keeps its slot and pages until every step that holds it is
 // done (resolved or committed): nothing a running step writes is reused early.
 // A preemption victim is never a request of a step that is not done. Overlap
-// needs verify_mode OFF and a NORMAL engine (DSpark steps are not overlapped).
+// needs verify_mode OFF and a NORMAL or PROMPT engine (DSpark steps are not
+// overlapped). On a PROMPT engine a request whose prompt is done leaves the
+// running set at commit_ahead() and resolve() finishes it "prefilled" (held for
+// handoff()) unless its token stops it.
 //
 // Finish reasons: "stop" (eos unless ignore_eos, or a stop token), "length"
 // (max_tokens outputs, or max_model_len tokens), "abort" (abort(), or a
