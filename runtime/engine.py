@@ -204,8 +204,8 @@ class Engine:
     def _admit(self, rid: int, live: _Live) -> None:
         imp = self.store_import
         if imp is not None and live.params.prompt_logprobs is None:
-            self.live[rid] = live
             if imp.start(rid, live.prompt, lambda: self._queue(rid, live)):
+                self.live[rid] = live
                 return  # queued once its store blocks are read (prefix_import.StoreImport.poll)
         self._queue(rid, live)
 
@@ -333,7 +333,10 @@ class Engine:
         refused = self._poll_grammars()
         if self.store_import is not None:
             idle = not self.scheduler.has_unfinished and (self._plan is None or self._plan.bucket == 0)
-            self.store_import.poll(idle)
+            for rid, error in self.store_import.poll(idle):
+                live = self.live[rid]
+                live.finish, live.error = "abort", error
+                refused.append(TokenEvent(rid, -1, "", 0.0, [], True, "error", 0, error))
         if self.overlap is not None:
             return refused + self.overlap.step()
         plan = self._plan if self._plan is not None else self.scheduler.schedule()

@@ -95,19 +95,24 @@ class StoreImport:
         hit = min(n * t for n, t in zip(pages, self.tokens_per_page, strict=True))
         return hit - hit % self.grain
 
-    def poll(self, idle: bool) -> None:
+    def poll(self, idle: bool) -> list[tuple[int, str]]:
         """Queue the waiting requests whose blocks are read, in arrival order (a later one whose read
-        finished first goes first: nothing waits on another's SSD read). `idle`: nothing else can run,
-        so wait a little for a read instead of spinning."""
+        finished first goes first: nothing waits on another's SSD read); returns (rid, error) of those
+        the scheduler refused. `idle`: nothing else can run, so wait a little for a read."""
         if not self.pending:
-            return
+            return []
         if idle:
             cf.wait([p.read for p in self.pending.values()], _IDLE_WAIT_S, cf.FIRST_COMPLETED)
+        failed = []
         for rid, p in list(self.pending.items()):
             if p.read.done():
                 del self.pending[rid]
                 self._install(p)
-                p.admit()
+                try:
+                    p.admit()
+                except ValueError as exc:  # the scheduler's checks (e.g. more pages than the pool has)
+                    failed.append((rid, str(exc)))
+        return failed
 
     def cancel(self, rid: int) -> bool:
         """Forget a waiting request (aborted before its blocks arrived); False when none waits."""
