@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dsgraph.tools.bench.pd_handoff import _bench_model_dir, add_model_arguments
+
 
 def _engine(model: Path, args: argparse.Namespace, overlap: str) -> Any:
     from dsgraph.runtime.engine import Engine, EngineConfig
@@ -59,11 +61,7 @@ def _prefill_all(e: Any, prompts: list[list[int]], platform: str) -> tuple[float
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model directory (default: the tiny model)")
-    ap.add_argument(
-        "--bench-model", action="store_true", help="the 8-layer full-width bench model, dummy weights"
-    )
-    ap.add_argument("--platform", choices=["cpu", "cuda"], default="cpu")
+    add_model_arguments(ap)
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--requests", type=int, default=8, help="prompts prefilled together")
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill chunk)")
@@ -75,8 +73,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     if args.bench_model:
         import tempfile
-
-        from dsgraph.tools.bench.pd_handoff import _bench_model_dir
 
         model = _bench_model_dir(Path(tempfile.mkdtemp()) / "bench-model")
     else:
