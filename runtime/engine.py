@@ -26,6 +26,7 @@ from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.kvstore.pd_engines import admit_handoff, export_handoff, pd_state
+from dsgraph.runtime.kvstore.prefix_import import store_import_for
 from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
 from dsgraph.runtime.row_checks import row_causes
@@ -158,13 +159,16 @@ class Engine:
             ),
             curve,
         )
-        overlap = config.engine_type == "normal" and resolve_overlap(config, spec.enabled)
+        overlap = (config.engine_type == "normal" and resolve_overlap(config, spec.enabled)) or (
+            config.engine_type == "prompt" and config.overlap == "on"
+        )
         self.overlap = OverlapLoop(self) if overlap else None
         self.live: dict[int, _Live] = {}
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
         self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
         self.pd = None if config.engine_type == "normal" else pd_state(self, store)
+        self.store_import = store_import_for(self, store)  # store hits skip prefill (kvstore/prefix_import)
         if rank is not None:
             rank.bind(self)
 
@@ -203,6 +207,14 @@ class Engine:
             self.live.setdefault(rid, live)
 
     def _admit(self, rid: int, live: _Live) -> None:
+        imp = self.store_import
+        if imp is not None and live.params.prompt_logprobs is None:
+            if imp.start(rid, live.prompt, lambda: self._queue(rid, live)):
+                self.live[rid] = live
+                return  # queued once its store blocks are read (prefix_import.StoreImport.poll)
+        self._queue(rid, live)
+
+    def _queue(self, rid: int, live: _Live) -> None:
         p = live.params
         eos = -1 if p.ignore_eos else self.cfg.eos_token_id
         self.scheduler.add_request(
@@ -227,6 +239,8 @@ class Engine:
 
     def abort(self, rid: int) -> None:
         if rid in self.live and self.live[rid].finish is None:
+            if self.store_import is not None:
+                self.store_import.cancel(rid)
             self.scheduler.abort(rid)
             self.structured.release(rid)
             self.live[rid].finish = "abort"
@@ -265,6 +279,7 @@ class Engine:
             or (self._plan is not None and self._plan.bucket > 0)
             or (self.overlap is not None and self.overlap.busy)
             or bool(self.structured.pending)
+            or bool(self.store_import and self.store_import.pending)
         )
 
     def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
@@ -321,6 +336,12 @@ class Engine:
         tokens returned are those of the step launched by the previous call (engine_overlap.py).
         """
         refused = self._poll_grammars()
+        if self.store_import is not None:
+            idle = not self.scheduler.has_unfinished and (self._plan is None or self._plan.bucket == 0)
+            for rid, error in self.store_import.poll(idle):
+                live = self.live[rid]
+                live.finish, live.error = "abort", error
+                refused.append(TokenEvent(rid, -1, "", 0.0, [], True, "error", 0, error))
         if self.overlap is not None:
             return refused + self.overlap.step()
         plan = self._plan if self._plan is not None else self.scheduler.schedule()
@@ -500,6 +521,8 @@ class Engine:
         k = live.params.num_top_logprobs
         top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))
         live.tokens.append(token)
+        if len(live.tokens) == 1 and self.store_import is not None and self.pd is None:
+            self.store_import.write_through(live.prompt)  # a PROMPT engine's export writes its own
         live.logprobs.append(float(s.logprobs[i]))
         live.top.append(top)
         finished, reason = bool(event and event.finished), event.reason if event else None

@@ -85,9 +85,12 @@ class EngineConfig:
             raise ValueError(
                 f"engine_type: {self.engine_type!r}, expected 'normal', 'prompt' or 'completion'"
             )
-        if self.engine_type != "normal" and (self.overlap == "on" or self.speculative == "dspark"):
+        # a PROMPT engine overlaps only when asked ("auto" stays off there: whether it pays is measured
+        # by `dsgraph bench pd-overlap`); a COMPLETION engine never does
+        no_overlap = self.engine_type == "completion" and self.overlap == "on"
+        if self.engine_type != "normal" and (no_overlap or self.speculative == "dspark"):
             raise ValueError(
-                f"engine_type: {self.engine_type!r} runs without overlap and drafting; "
+                f"engine_type: {self.engine_type!r} runs without drafting (completion: without overlap); "
                 f"got overlap={self.overlap!r}, speculative={self.speculative!r}"
             )
         if self.overlap not in ("auto", "on", "off"):

@@ -121,6 +121,10 @@ def main(args: argparse.Namespace) -> int:
         from dsgraph.runtime.server.pd_app import install_pd
 
         install_pd(app, args.engine_type, transport, store, args.pd_timeout)
+    elif store is not None:  # a normal engine with a store: its hits and write-through per tier
+        from dsgraph.runtime.server.pd_metrics import register_pd_metrics
+
+        register_pd_metrics(app.state.server.metrics.registry, store, None)
     _logging()
     uv_config = uvicorn.Config(
         app,

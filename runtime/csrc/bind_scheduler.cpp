@@ -229,7 +229,20 @@ void bind_requests(nb::class_<Scheduler> &c) {
         .def("allocation", &Scheduler::allocation, "rid"_a)
         .def("handoff", &Scheduler::handoff, "rid"_a,
              "A PROMPT engine's finished request: its slot and pages.")
-        .def("release_handoff", &Scheduler::release_handoff, "rid"_a);
+        .def("release_handoff", &Scheduler::release_handoff, "rid"_a)
+        .def(
+            "prefix_pages",
+            [](const Scheduler &s, const TokensIn &prompt) { return s.prefix_pages(span_of(prompt)); },
+            "prompt"_a.noconvert(), "Per ratio: the pages of the prompt's leading full pages cached now.")
+        .def(
+            "import_prefix",
+            [](Scheduler &s, const TokensIn &prompt, std::vector<int32_t> counts) {
+                return s.import_prefix(span_of(prompt), counts);
+            },
+            "prompt"_a.noconvert(), "counts"_a,
+            "Cache the first counts[i] pages of ratio i's chain of the prompt (store import): per ratio, a "
+            "fresh page to fill with the block's bytes, or -1 where cached already; a ratio stops at the "
+            "first page it cannot get.");
 }
 
 void bind_stats(nb::class_<Scheduler> &c) {

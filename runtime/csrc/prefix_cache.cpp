@@ -181,6 +181,34 @@ bool PrefixCache::insert(size_t i, uint64_t key, int32_t page) {
     return true;
 }
 
+std::optional<int32_t> PrefixCache::find(size_t i, uint64_t key) const {
+    const Table &t = table(i, "PrefixCache.find");
+    const auto it = t.page_of.find(key);
+    return it == t.page_of.end() ? std::nullopt : std::optional<int32_t>(it->second);
+}
+
+std::optional<int32_t> PrefixCache::hold(size_t i, uint64_t key) {
+    Table &t = table(i, "PrefixCache.hold");
+    const auto it = t.page_of.find(key);
+    if (it == t.page_of.end()) {
+        return std::nullopt;
+    }
+    leave_idle(t, it->second);
+    t.pool.retain(it->second);
+    return it->second;
+}
+
+std::optional<int32_t> PrefixCache::adopt(size_t i, uint64_t key) {
+    if (table(i, "PrefixCache.adopt").page_of.contains(key)) {
+        throw std::invalid_argument("PrefixCache.adopt: the key is cached already; expected a missing page");
+    }
+    const std::optional<int32_t> page = allocate(i);
+    if (page) {
+        insert(i, key, *page);
+    }
+    return page;
+}
+
 bool PrefixCache::is_cached(size_t i, int32_t page) const {
     const Table &t = table(i, "PrefixCache.is_cached");
     t.pool.refcount(page);  // range check with the pool's message

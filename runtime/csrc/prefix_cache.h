@@ -59,6 +59,14 @@ public:
     // Caches `page` under `key`; false (nothing changes) when the key is already
     // cached or the page already is. Throws for a free page.
     bool insert(size_t i, uint64_t key, int32_t page);
+    // The page cached under `key`, or nullopt; no side effect.
+    std::optional<int32_t> find(size_t i, uint64_t key) const;
+    // Store import: the page cached under `key` with one more user (taken off the idle list), or nullopt
+    // when the key is not cached.
+    std::optional<int32_t> hold(size_t i, uint64_t key);
+    // Store import: a fresh page cached under `key` with one user (the caller), for the caller to fill
+    // with the block's bytes; nullopt when no page is free or evictable. The key must not be cached.
+    std::optional<int32_t> adopt(size_t i, uint64_t key);
 
     bool is_cached(size_t i, int32_t page) const;
     std::vector<int32_t> cached_pages(size_t i) const;

@@ -55,7 +55,10 @@
 // discarded) and keeps its slot and pages until every step that holds it is
 // done (resolved or committed): nothing a running step writes is reused early.
 // A preemption victim is never a request of a step that is not done. Overlap
-// needs verify_mode OFF and a NORMAL engine (DSpark steps are not overlapped).
+// needs verify_mode OFF and a NORMAL or PROMPT engine (DSpark steps are not
+// overlapped). On a PROMPT engine a request whose prompt is done leaves the
+// running set at commit_ahead() and resolve() finishes it "prefilled" (held for
+// handoff()) unless its token stops it.
 //
 // Finish reasons: "stop" (eos unless ignore_eos, or a stop token), "length"
 // (max_tokens outputs, or max_model_len tokens), "abort" (abort(), or a
@@ -175,6 +178,19 @@ public:
     Allocation allocation(int64_t rid) const;  // slot and pages held now; throws for an unknown rid
     Allocation handoff(int64_t rid) const;     // a PROMPT engine's finished request
     void release_handoff(int64_t rid);
+
+    // Store import (runtime/kvstore/prefix_import.py): blocks of a prompt's prefix computed elsewhere
+    // enter the prefix cache, so the request that then arrives with this prompt (add_request) is
+    // admitted with that prefix cached and prefills only the rest (plus the SWA replay of any hit).
+    // prefix_pages: per ratio, the pages holding the prompt's leading full pages cached now.
+    std::vector<std::vector<int32_t>> prefix_pages(std::span<const int32_t> prompt) const;
+    // import_prefix: caches pages [0, counts[i]) of ratio i's chain of `prompt`: per ratio one entry per
+    // page, a fresh page id (the caller writes the block's bytes into it before the next schedule()) or
+    // -1 where the page is cached already. A ratio stops early at the first page that cannot be had (no
+    // free or idle page). The pages end idle; none of this prompt's chain is evicted by the call itself.
+    // Safe with a step planned or running: a fresh page is free or idle, so no step's rows touch it.
+    std::vector<std::vector<int32_t>> import_prefix(std::span<const int32_t> prompt,
+                                                    const std::vector<int32_t> &counts);
 
     const SchedulerConfig &config() const { return config_; }
     int32_t num_waiting() const;  // queued, not holding a slot

@@ -13,8 +13,10 @@ void Scheduler::check_ahead(const char *where) const {
     if (!has_plan_) {
         throw std::logic_error(w + "no plan in flight; call schedule() first");
     }
-    if (config_.verify_mode != VerifyMode::kOff || config_.engine_type != EngineType::kNormal) {
-        throw std::logic_error(w + "overlapped steps need SchedulerConfig.verify_mode OFF and engine_type NORMAL");
+    if (config_.verify_mode != VerifyMode::kOff || config_.engine_type == EngineType::kCompletion) {
+        throw std::logic_error(w +
+                               "overlapped steps need SchedulerConfig.verify_mode OFF and engine_type NORMAL "
+                               "or PROMPT");
     }
 }
 
@@ -66,6 +68,9 @@ void Scheduler::commit_ahead() {
         unresolved_.push_back({r, r->tokens.size() - 1, p.first_row});
         if (r->num_outputs() >= r->stop.max_tokens || r->num_tokens() >= config_.max_model_len) {
             forget(*r);  // known now: no later plan holds it; resolve() reports its last token
+        } else if (config_.engine_type == EngineType::kPrompt) {
+            // its prompt is done: no later plan holds it; resolve() hands it off (or stops it)
+            std::erase(running_, r);
         }
     }
     in_flight_.clear();
@@ -100,9 +105,13 @@ std::vector<StepEvent> Scheduler::resolve(std::span<const int32_t> sampled) {
         if (r.aborted) {
             continue;  // its abort event went out already
         }
-        const std::string reason = stop_reason(r);  // the newest token is this one
+        std::string reason = stop_reason(r);  // the newest token is this one
+        if (reason.empty() && config_.engine_type == EngineType::kPrompt) {
+            reason = "prefilled";
+            r.handed_off = true;  // slot and pages stay held for handoff()
+        }
         events.push_back({r.rid, token, !reason.empty(), reason});
-        if (!reason.empty() && !r.gone) {
+        if (!reason.empty() && reason != "prefilled" && !r.gone) {
             forget(r);
         }
     }

@@ -162,3 +162,24 @@ def _state(engine: Engine) -> PDState:
     if engine.pd is None:
         raise HandoffError(f"engine_type {engine.config.engine_type!r} does not hand requests off")
     return engine.pd
+
+
+def export_running(engine: Engine, rid: int) -> Exported:
+    """A decoding request of a COMPLETION engine as a Handoff (every page inline), for another completion
+    engine to continue it (a drain): its caches hold every token but the newest, as after a prefill. The
+    caller then aborts it here. HandoffError when it is not between two decode steps."""
+    pd = _state(engine)
+    live = engine.live[rid]
+    alloc = engine.scheduler.native.allocation(rid)
+    cached = alloc.num_cached
+    if not live.tokens or cached != len(live.prompt) + len(live.tokens) - 1:
+        raise HandoffError(f"request {rid} is not decoding ({cached} of its tokens are cached)")
+    caches, page_size = engine.session.caches, engine.model.geo.page_size
+    tails = {}
+    for r, pages in zip(pd.layout.ratios, alloc.pages, strict=True):
+        need = -(-(cached // r) // page_size)  # the scheduler's pages_needed: whole entries, in pages
+        tails[r] = [pd.layout.page_bytes(caches, r, p) for p in pages[:need]]
+    slot = pd.layout.slot_bytes(caches, alloc.slot)
+    keys: dict[int, list[str]] = {r: [] for r in tails}
+    handoff = Handoff(list(live.prompt), list(live.tokens), slot, keys, tails, live.seed, pd.identity)
+    return Exported(handoff)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from dsgraph.runtime.kvstore.config import StoreConfig
 from dsgraph.runtime.kvstore.tiers import Clock, DiskTier, HostTier
@@ -27,8 +28,10 @@ class TieredStore:
     through to both; `get` promotes a disk hit into host memory; `device_hits` counts prompt pages the
     engines served from their own device pages (the tier above this store)."""
 
-    def __init__(self, config: StoreConfig, clock: Clock = time.time) -> None:
+    def __init__(self, config: StoreConfig, clock: Clock = time.time, remote: Any = None) -> None:
+        """`remote`: the cross-machine tier below the disk (remote.MooncakeTier), or None."""
         self.config = config
+        self.remote = remote
         self.host = HostTier(config.host_capacity_bytes, config.host_ttl_s, clock)
         self.disk = (
             DiskTier(Path(config.path) / "blocks", config.disk_capacity_bytes, config.disk_ttl_s, clock)
@@ -41,9 +44,13 @@ class TieredStore:
 
     def get(self, key: str) -> bytes | None:
         payload = self.host.get(key)
-        if payload is not None or self.disk is None:
+        if payload is not None or (self.disk is None and self.remote is None):
             return payload
-        found = self.disk.get(key)
+        found = self.disk.get(key) if self.disk is not None else None
+        if found is None and self.remote is not None:
+            found = self.remote.get(key)
+            if found is not None and self.disk is not None:
+                self.disk.put(key, found[0], created=found[1])
         if found is None:
             return None
         self.host.put(key, found[0], created=found[1])
@@ -51,13 +58,17 @@ class TieredStore:
 
     def contains(self, key: str) -> bool:
         """Whether a get would likely hit (no read; a disk block may still turn out corrupt)."""
-        return key in self.host or (self.disk is not None and key in self.disk)
+        if key in self.host or (self.disk is not None and key in self.disk):
+            return True
+        return self.remote is not None and key in self.remote
 
     def put(self, key: str, payload: bytes) -> None:
         created = self.host.clock()
         self.host.put(key, payload, created)
         if self.disk is not None:
             self.disk.put(key, payload, created)
+        if self.remote is not None:
+            self.remote.put(key, payload, created)
 
     def put_async(self, items: Iterable[tuple[str, bytes]]) -> Future[None]:
         """Write-through on a background thread (the engine step that finished a prefill goes on)."""
@@ -80,7 +91,11 @@ class TieredStore:
         out["host"] = self.host.stats.snapshot()
         if self.disk is not None:
             out["disk"] = self.disk.stats.snapshot()
+        if self.remote is not None:
+            out["remote"] = self.remote.stats.snapshot()
         return out
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
+        if self.remote is not None:
+            self.remote.close()

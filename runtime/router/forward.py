@@ -94,7 +94,7 @@ class Forwarder:
             except NoEngine as exc:
                 why = why if tried else str(exc)
                 break
-            tried.append(choice.engine.url)
+            tried.append(choice.engine.url)  # of a pair: its completion engine (prompt engines are few)
             self.metrics.buckets.labels(str(choice.plan.bucket)).inc()
             self.metrics.chunk.observe(choice.plan.chunks[0])
             resp, why = await self._attempt(route, choice, body, headers, summary)
@@ -108,7 +108,7 @@ class Forwarder:
         self, route: Route, choice: Choice, body: bytes, headers: dict[str, str], summary: Summary
     ) -> tuple[Response | None, str]:
         """One engine's answer, or (None, why) when the request should go to another engine."""
-        engine, ticket = choice.engine, Ticket(choice, summary.tokens)
+        engine, ticket = pd.target(choice), Ticket(choice, summary.tokens)
         ticket.start()
         sent = time.monotonic()
         req = self.client.build_request(

@@ -1,25 +1,33 @@
 """The seam for prefill/decode pairs (prompt and completion engines, `dsgraph serve --engine-type`).
 
 The router picks both engines of a pair (select.py: the prefill policy over the prompt engines, the
-decode policy over the completion engines) and sends the client's request to the completion engine,
-whose stream the client reads, naming the prompt engine in a header. The completion engine asks that
-prompt engine to prefill and hand the request over with its KV (through the store or the transport),
-then decodes. A pair whose completion engine fails before its first byte is chosen again; after it,
-the stream ends in an error event (forward.py). Engines without PD support ignore the headers."""
+decode policy over the completion engines) and sends the client's request to the prompt engine, naming
+the completion engine in a header. The prompt engine prefills, hands the request over with its KV
+(through the store or the transport) to that completion engine, and relays its token stream: the client
+reads one stream, as from a normal engine. The prompt engine holds its first byte back until the
+completion engine has admitted the request, so a pair that fails before it (either engine down, a failed
+handoff) is chosen again, and one that fails later ends in an error event (forward.py). A prompt engine
+accepts only completion engines of its own `--pd-peer` list (server/pd_loop.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dsgraph.runtime.router.pool import EngineState
     from dsgraph.runtime.router.select import Choice
 
-PREFILL_URL_HEADER = "x-dsgraph-prefill-url"  # the prompt engine that prefills this request
+DECODE_URL_HEADER = "x-dsgraph-decode-url"  # the completion engine that decodes this request
 PREFILL_CHUNK_HEADER = "x-dsgraph-prefill-chunk"  # the cost model's first chunk size (tokens)
 
 
+def target(choice: Choice) -> EngineState:
+    """Where the request is sent: the prompt engine of a pair, else the normal engine."""
+    return choice.prefill or choice.engine
+
+
 def headers(choice: Choice) -> dict[str, str]:
-    """The headers that tell a completion engine its prompt engine; none for a normal engine."""
+    """The headers that tell a prompt engine its completion engine; none for a normal engine."""
     if choice.prefill is None:
         return {}
-    return {PREFILL_URL_HEADER: choice.prefill.url, PREFILL_CHUNK_HEADER: str(choice.plan.chunks[0])}
+    return {DECODE_URL_HEADER: choice.engine.url, PREFILL_CHUNK_HEADER: str(choice.plan.chunks[0])}

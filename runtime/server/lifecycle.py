@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -24,6 +24,9 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        # a completion server's (pd_app.hand_off_on_drain): given the grace period's end, it lets its
+        # decode streams finish until then and hands the rest to other engines
+        self.hand_off: Callable[[float], Awaitable[None]] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -49,6 +52,8 @@ class Drain:
         them in the engine); returns how many were cancelled."""
         self.begin()
         deadline = time.monotonic() + grace_s
+        if self.hand_off is not None:
+            await self.hand_off(deadline)
         while self._tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         left = list(self._tasks)

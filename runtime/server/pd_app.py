@@ -8,6 +8,7 @@ client-facing API runs on the prompt server (pd_loop.PromptLoop relays the strea
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +18,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from dsgraph.runtime.kvstore.handoff import Handoff, HandoffError
 from dsgraph.runtime.kvstore.pd_engines import check_admissible, fetch_pages
-from dsgraph.runtime.kvstore.transport import TransferError, Transport, unpack_payload
+from dsgraph.runtime.kvstore.transport import TransferError, Transport, pack_payload, unpack_payload
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.server.engine_loop import EngineDead
 from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.server.limits import parse_json, read_body
-from dsgraph.runtime.server.pd_loop import DECODE_PATH, CompletionLoop, PromptLoop, event_json
+from dsgraph.runtime.server.pd_loop import (
+    DECODE_PATH,
+    DECODE_PEER,
+    MOVED,
+    CompletionLoop,
+    PromptLoop,
+    event_json,
+)
 from dsgraph.runtime.server.pd_metrics import register_pd_metrics
 
 
@@ -72,6 +80,8 @@ def add_pd_decode(app: FastAPI, transport: Transport, default_timeout_s: float =
 
     @app.post(DECODE_PATH)
     async def decode(request: Request) -> Response:
+        if state.drain.draining:
+            return _fail(counts, EngineDead("the completion server is draining"))
         body = await read_body(request.stream(), request.headers.get("content-length"), state.limits)
         values = parse_json(body, state.limits)
         try:
@@ -85,9 +95,53 @@ def add_pd_decode(app: FastAPI, transport: Transport, default_timeout_s: float =
         except (TransferError, HandoffError, RequestError, EngineDead, RuntimeError, ValueError) as exc:
             return _fail(counts, exc)
         counts.admitted += 1
-        return StreamingResponse(_lines(loop, rid, events), media_type="application/x-ndjson")
+        lines = _lines(loop, rid, events, transport, timeout_s)
+        return StreamingResponse(lines, media_type="application/x-ndjson")
 
+    state.drain.hand_off = lambda deadline: hand_off_on_drain(loop, deadline, default_timeout_s)
     return counts
+
+
+async def hand_off_on_drain(loop: CompletionLoop, deadline: float, timeout_s: float) -> None:
+    """A draining completion server: the requests it decodes may finish until `deadline` (the grace
+    period); those left move to another completion engine (their prompt server picks it) with their
+    caches, instead of being cut off. Returns once every moved one was taken (or `timeout_s` later)."""
+    import time
+
+    while loop.num_running and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if loop.num_running or loop.num_pending:
+        await loop.move_all()
+    until = time.monotonic() + timeout_s
+    while loop.moving and time.monotonic() < until:
+        await asyncio.sleep(0.05)
+
+
+class DecodePeerHeader:
+    """ASGI middleware of a prompt server: the completion server a router chose (its
+    `x-dsgraph-decode-url` header) becomes DECODE_PEER for the request's handler, which PromptLoop.add
+    reads (and refuses when it is not one of --pd-peer). A plain ASGI wrapper: the handler runs in
+    this task, so the context variable reaches it."""
+
+    HEADER = b"x-dsgraph-decode-url"
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        named = None
+        if scope["type"] == "http":
+            named = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.HEADER), None)
+        token = DECODE_PEER.set(named)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            DECODE_PEER.reset(token)
+
+
+def add_pd_prompt(app: FastAPI) -> None:
+    """A prompt server takes the completion server a router names per request (router/pd.py)."""
+    app.add_middleware(DecodePeerHeader)
 
 
 def install_pd(app: FastAPI, engine_type: str, transport: Transport, store: Any, timeout_s: float) -> None:
@@ -102,19 +156,42 @@ def install_pd(app: FastAPI, engine_type: str, transport: Transport, store: Any,
             "refused": counts.refused,
         }
     else:
+        add_pd_prompt(app)
         loop: PromptLoop = state.loop
         read = lambda: {"exported": loop.engine.pd.exported, "failed": loop.failures}  # noqa: E731
     register_pd_metrics(state.metrics.registry, store, read)
 
 
-async def _lines(loop: CompletionLoop, rid: int, events: asyncio.Queue[Any]) -> AsyncIterator[str]:
+async def _lines(
+    loop: CompletionLoop, rid: int, events: asyncio.Queue[Any], transport: Transport, timeout_s: float
+) -> AsyncIterator[str]:
     finished = False
     try:
         yield f'{{"admitted": {rid}}}\n'
         while not finished:
             event = await events.get()
             finished = event.finished
+            if event.finish_reason == MOVED:
+                async for line in _moved(loop, rid, event.handoff.handoff, transport, timeout_s):
+                    yield line
+                return
             yield event_json(event) + "\n"
     finally:
         if not finished:  # the prompt server left (its client did): the request stops here too
             loop.abort(rid)
+
+
+async def _moved(
+    loop: CompletionLoop, rid: int, handoff: Handoff, transport: Transport, timeout_s: float
+) -> AsyncIterator[str]:
+    """The MOVED line with the handoff's locator; the payload stays published until the prompt server
+    closes this stream (the next engine has admitted the request) or `timeout_s` passes."""
+    handoff_id = f"moved-{id(loop)}-{rid}"
+    loop.moving += 1
+    try:
+        locator = await asyncio.to_thread(transport.publish, handoff_id, pack_payload(handoff.pack()))
+        yield json.dumps({MOVED: locator}) + "\n"
+        await asyncio.sleep(timeout_s)
+    finally:
+        loop.moving -= 1
+        transport.discard(handoff_id)

@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from dsgraph.runtime.engine import Engine, TokenEvent
-from dsgraph.runtime.kvstore.handoff import Handoff
+from dsgraph.runtime.kvstore.handoff import Handoff, HandoffError
+from dsgraph.runtime.kvstore.pd_engines import export_running
 from dsgraph.runtime.kvstore.transport import TransferError, Transport, pack_payload
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop, _Abort
 
 DECODE_PATH = "/v1/pd/decode"
+# the completion server a router chose for the request being handled (pd_app.DecodePeerHeader sets it)
+DECODE_PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsgraph_decode_peer", default=None)
 
 
 @dataclass(frozen=True)
@@ -40,13 +44,48 @@ class _AddPrefilled:
     deadline: float  # time.monotonic() past which it is refused instead of waiting for room
 
 
+@dataclass(frozen=True)
+class _MoveAll:
+    done: concurrent.futures.Future[int]
+
+
+MOVED = "moved"  # a TokenEvent finish_reason: the request continues on another completion engine
+
+
 class CompletionLoop(EngineLoop):
-    """An EngineLoop that also admits handoffs (`add_prefilled`)."""
+    """An EngineLoop that also admits handoffs (`add_prefilled`) and, when its server drains, hands the
+    requests it decodes to other completion engines (`move_all`)."""
 
     def __init__(self, engine: Engine, admit_timeout_s: float = 60.0) -> None:
         self.admit_timeout_s = admit_timeout_s
         self._pending: deque[_AddPrefilled] = deque()
+        self.moving = 0  # moved requests whose next engine has not taken them yet (pd_app._lines)
+        self.moved = 0  # requests handed to another engine so far
         super().__init__(engine)
+
+    async def move_all(self) -> int:
+        """Hand every request decoding here over (each one's stream gets a MOVED event carrying its
+        handoff) and refuse those still waiting for room; returns how many moved."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._commands.put(_MoveAll(done))  # type: ignore[arg-type]
+        return await asyncio.wrap_future(done)
+
+    def _move_all(self, cmd: _MoveAll) -> None:
+        while self._pending:
+            self._pending.popleft().done.set_exception(EngineDead("the completion engine is draining"))
+        moved = 0
+        for rid, sink in list(self._sinks.items()):
+            try:
+                exported = export_running(self.engine, rid)
+            except HandoffError:  # not between two decode steps: it finishes here, within the grace
+                continue
+            self.engine.abort(rid)
+            self.engine.release(rid)
+            del self._sinks[rid]
+            sink(TokenEvent(rid, -1, "", 0.0, [], True, MOVED, handoff=exported))
+            moved += 1
+        self.moved += moved
+        cmd.done.set_result(moved)
 
     @property
     def num_pending(self) -> int:
@@ -62,6 +101,9 @@ class CompletionLoop(EngineLoop):
         )
 
     def _apply(self, cmd: Any) -> None:
+        if isinstance(cmd, _MoveAll):
+            self._move_all(cmd)
+            return
         if not isinstance(cmd, _AddPrefilled):
             if isinstance(cmd, _Abort):  # also for a handoff still waiting for room
                 self._drop_pending(cmd.rid)
@@ -134,13 +176,18 @@ class PDError(RuntimeError):
     """The completion side refused or lost a request; the message says which stage."""
 
 
+class NotAdmitted(PDError):
+    """The completion server did not take the request (nothing of it was streamed yet)."""
+
+
 class PromptLoop(EngineLoop):
-    """An EngineLoop for a PROMPT engine whose requests decode on the completion server at `peer`."""
+    """An EngineLoop for a PROMPT engine whose requests decode on a completion server of `peers`: the one
+    a router named for the request (DECODE_PEER), else the first."""
 
     def __init__(
         self,
         engine: Engine,
-        peer: str,
+        peers: str | Sequence[str],
         transport: Transport,
         timeout_s: float = 60.0,
         api_key: str | None = None,
@@ -148,7 +195,11 @@ class PromptLoop(EngineLoop):
         import httpx2 as httpx
 
         super().__init__(engine)
-        self.peer, self.transport, self.timeout_s = peer.rstrip("/"), transport, timeout_s
+        names = [peers] if isinstance(peers, str) else list(peers)
+        if not names:
+            raise ValueError("pd peers: a prompt server needs at least one completion server URL")
+        self.peers = tuple(u.rstrip("/") for u in names)
+        self.peer, self.transport, self.timeout_s = self.peers[0], transport, timeout_s
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         # no read deadline on the token stream: a busy completion engine is slow, not failed (its
         # admission has its own deadline, and a dead server closes the connection)
@@ -165,12 +216,25 @@ class PromptLoop(EngineLoop):
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
         if params.structured_outputs is not None:
             raise RequestError("structured_outputs", "set", "absent with prefill/decode disaggregation")
+        peer = self.peer_for(DECODE_PEER.get())
         rid, inner = await super().add(prompt_ids, params, fault_after)
         out: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        task = asyncio.ensure_future(self._relay(inner, out, params))
+        task = asyncio.ensure_future(self._relay(inner, out, params, peer))
         self._relays[rid] = task
         task.add_done_callback(lambda _: self._relays.pop(rid, None))
         return rid, out
+
+    def peer_for(self, named: str | None) -> str:
+        """The completion server for a request (`named` by a router, None: the first peer); a URL not in
+        --pd-peer is refused (a client must not make this server send requests elsewhere)."""
+        if named is None:
+            return self.peer
+        url = named.rstrip("/")
+        if url not in self.peers:
+            raise RequestError(
+                "x-dsgraph-decode-url", named, f"one of this server's --pd-peer URLs {list(self.peers)}"
+            )
+        return url
 
     def abort(self, rid: int) -> None:
         super().abort(rid)
@@ -179,7 +243,11 @@ class PromptLoop(EngineLoop):
             task.cancel()
 
     async def _relay(
-        self, inner: asyncio.Queue[TokenEvent], out: asyncio.Queue[TokenEvent], params: SamplingParams
+        self,
+        inner: asyncio.Queue[TokenEvent],
+        out: asyncio.Queue[TokenEvent],
+        params: SamplingParams,
+        peer: str,
     ) -> None:
         event = await inner.get()
         if event.finish_reason != "prefilled":  # ended on the prompt engine (eos, length, error)
@@ -194,7 +262,7 @@ class PromptLoop(EngineLoop):
             locator = await asyncio.to_thread(self.transport.publish, handoff_id, payload)
             published = True
             first = replace(event, finished=False, finish_reason=None, handoff=None)
-            await self._decode(locator, params, first, out)
+            await self._decode(peer, locator, params, first, out, first.num_cached_tokens)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -206,39 +274,72 @@ class PromptLoop(EngineLoop):
 
     async def _decode(
         self,
+        peer: str,
         locator: dict[str, Any],
         params: SamplingParams,
-        first: TokenEvent,
+        first: TokenEvent | None,
         out: asyncio.Queue[TokenEvent],
+        cached: int,
+        moved_from: Callable[[], Any] | None = None,
     ) -> None:
+        """Have `peer` decode the handoff at `locator`, its events into `out`. `first`: emitted once it
+        is admitted (None: a moved request continuing); `cached`: the prompt engine's prefix hit (the
+        completion engine prefilled nothing); `moved_from`: closes the stream of the engine the request
+        moved from once this one has admitted it (that engine keeps the bytes until then)."""
         body = {"locator": locator, "params": params_json(params), "timeout_s": self.timeout_s}
+        admitted = False
         try:
-            async with self._client.stream("POST", f"{self.peer}{DECODE_PATH}", json=body) as resp:
+            async with self._client.stream("POST", f"{peer}{DECODE_PATH}", json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")
-                    raise PDError(
-                        f"the completion server at {self.peer} answered {resp.status_code}: {text[:500]}"
+                    raise NotAdmitted(
+                        f"the completion server at {peer} answered {resp.status_code}: {text[:500]}"
                     )
                 lines = resp.aiter_lines()
                 head = json.loads(await anext(lines))
                 if "admitted" not in head:
-                    raise PDError(f"the completion server at {self.peer} did not admit the request: {head}")
-                out.put_nowait(first)
+                    raise NotAdmitted(f"the completion server at {peer} did not admit the request: {head}")
+                admitted = True
+                if moved_from is not None:
+                    await moved_from()
+                if first is not None:
+                    out.put_nowait(first)
                 async for line in lines:
                     if not line:
                         continue
-                    # the prompt-cache hit is the prompt engine's (the completion engine prefilled nothing)
-                    e = replace(event_from_json(line), num_cached_tokens=first.num_cached_tokens)
+                    if line.startswith(f'{{"{MOVED}"'):  # that server drains: on to another one
+                        await self._move(peer, json.loads(line)[MOVED], params, out, cached, resp.aclose)
+                        return
+                    e = replace(event_from_json(line), num_cached_tokens=cached)
                     out.put_nowait(e)
                     if e.finished:
                         return
         except PDError:
             raise
         except Exception as exc:  # connection refused, reset, timeout: httpx's errors
-            raise PDError(
-                f"the completion server at {self.peer} failed: {type(exc).__name__}: {exc}"
-            ) from None
-        raise PDError(f"the completion server at {self.peer} ended the stream before the request finished")
+            why = f"the completion server at {peer} failed: {type(exc).__name__}: {exc}"
+            raise (PDError if admitted else NotAdmitted)(why) from None
+        raise PDError(f"the completion server at {peer} ended the stream before the request finished")
+
+    async def _move(
+        self,
+        source: str,
+        locator: dict[str, Any],
+        params: SamplingParams,
+        out: asyncio.Queue[TokenEvent],
+        cached: int,
+        close_source: Callable[[], Any],
+    ) -> None:
+        """Continue a request that `source` handed off while draining on another of --pd-peer (the
+        first that admits it); PDError when none does."""
+        why = "this prompt server has no other --pd-peer"
+        for peer in (p for p in self.peers if p != source):
+            try:
+                await self._decode(peer, locator, params, None, out, cached, close_source)
+                return
+            except NotAdmitted as exc:
+                why = str(exc)
+        raise PDError(f"the completion server at {source} drained and no other one took the request: {why}")
 
     def close(self) -> None:
         for task in list(self._relays.values()):

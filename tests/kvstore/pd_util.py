@@ -104,7 +104,7 @@ def pd_apps(
     transports, completion engine)."""
     from dsgraph.runtime.kvstore.transport import make_transport
     from dsgraph.runtime.server.app import create_app
-    from dsgraph.runtime.server.pd_app import add_pd_decode
+    from dsgraph.runtime.server.pd_app import add_pd_decode, add_pd_prompt
     from dsgraph.runtime.server.pd_loop import CompletionLoop, PromptLoop
     from dsgraph.runtime.server.protocol import recipe_tokenizer
 
@@ -116,7 +116,9 @@ def pd_apps(
     pe = engine("prompt", store=store, **kw)
     pt = FaultyTransport(make_transport(backend))
 
-    def prompt_app(url: str) -> Any:
-        return create_app(pe, MODEL, tok, loop=PromptLoop(pe, url, pt, timeout_s=10))
+    def prompt_app(url: str, **app_kw: Any) -> Any:
+        app = create_app(pe, MODEL, tok, loop=PromptLoop(pe, url, pt, timeout_s=10), **app_kw)
+        add_pd_prompt(app)
+        return app
 
     return prompt_app, c_app, pt, ct, ce

@@ -171,13 +171,18 @@ def _store_rates(path: Path, block_bytes: int, total_bytes: int, drop: bool) -> 
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """--model, --bench-model and --platform (shared with the other PD benchmarks)."""
     ap.add_argument("--model", default=None, help="model directory (default: the tiny model)")
     ap.add_argument(
         "--bench-model", action="store_true", help="the full-width 8-layer bench model, dummy weights"
     )
     ap.add_argument("--platform", choices=["cpu", "cuda"], default="cpu")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(ap)
     ap.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill chunk)")
     ap.add_argument("--decode-tokens", type=int, default=8)

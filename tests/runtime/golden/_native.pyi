@@ -506,6 +506,14 @@ class Scheduler:
 
     def release_handoff(self, rid: int) -> None: ...
 
+    def prefix_pages(self, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> list[list[int]]:
+        """Per ratio: the pages of the prompt's leading full pages cached now."""
+
+    def import_prefix(self, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], counts: Sequence[int]) -> list[list[int]]:
+        """
+        Cache the first counts[i] pages of ratio i's chain of the prompt (store import): per ratio, a fresh page to fill with the block's bytes, or -1 where cached already; a ratio stops at the first page it cannot get.
+        """
+
     @property
     def num_waiting(self) -> int: ...
 

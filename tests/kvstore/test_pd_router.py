@@ -1,0 +1,104 @@
+"""`dsgraph router --prefill URL --decode URL` in front of a prompt server and a completion server on
+loopback (one process, threads): the client's completions equal one NORMAL server's (greedy, JSON and
+SSE); a request the prompt engine fails and a prompt engine that is gone give the client an error
+status, never an empty 200; a prompt server refuses a decode URL outside its --pd-peer list."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from dsgraph.runtime.router.app import create_router_app
+from dsgraph.runtime.router.config import RouterConfig
+from dsgraph.runtime.server.app import create_app
+from dsgraph.runtime.server.hooks import FAULT_FIELD
+from dsgraph.runtime.server.protocol import recipe_tokenizer
+from dsgraph.tools.generate_cmd import default_model_dir
+from tests.e2e.serve_util import held_pages, running, serving, wait_idle
+from tests.kvstore.pd_util import MODEL, engine, pd_apps
+
+PROMPT = [(7 * i + 3) % 150 + 5 for i in range(40)]
+
+
+class Pair:
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        prompt_app, c_app, self.pt, _, _ = pd_apps("torch", max_num_seqs=4)
+        self.c_url = stack.enter_context(serving(c_app))
+        self.p_app = prompt_app(self.c_url, allow_fault_injection=True)
+        self.prompt = contextlib.ExitStack()
+        self.p_url = self.prompt.enter_context(serving(self.p_app))
+        cfg = RouterConfig(prefill=(self.p_url,), decode=(self.c_url,), poll_interval_s=0.1, max_attempts=2)
+        self.url = stack.enter_context(running(create_router_app(cfg)))
+        self.c_state = c_app.state.server
+        _wait(lambda: httpx.get(f"{self.url}/health", timeout=2).status_code == 200)
+
+
+def _wait(ok: Any, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while not ok():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    with contextlib.ExitStack() as stack:
+        p = Pair(stack)
+        stack.callback(p.prompt.close)
+        yield p
+
+
+@pytest.fixture(scope="module")
+def normal_url() -> Iterator[str]:
+    with serving(create_app(engine("normal"), MODEL, recipe_tokenizer(default_model_dir()))) as url:
+        yield url
+
+
+def _complete(url: str, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **kw}
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=30)
+
+
+def _stream_text(url: str) -> str:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines[:-1])
+
+
+def test_router_pair_gives_a_normal_engines_tokens(pair: Pair, normal_url: str) -> None:
+    want = _complete(normal_url).json()["choices"][0]["text"]
+    r = _complete(pair.url)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == want and want
+    assert _stream_text(pair.url) == want
+    assert pair.c_state.loop.engine.pd.admitted == 2  # both decoded on the completion engine
+    wait_idle(pair.c_state)
+    assert held_pages(pair.c_state.loop.engine) == {1: 0, 2: 0} and not pair.pt.published
+
+
+def test_the_prompt_server_refuses_a_decode_url_not_in_its_peers(pair: Pair) -> None:
+    r = _complete(pair.p_url, headers={"x-dsgraph-decode-url": "http://127.0.0.1:9"})
+    assert r.status_code == 400 and "x-dsgraph-decode-url" in r.text
+
+
+def test_a_failed_prefill_is_an_error_status_not_an_empty_200(pair: Pair) -> None:
+    # the prompt engine fails the request at its first token: retried, then an error to the client
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "W3 W5"}], FAULT_FIELD: 0}
+    r = httpx.post(f"{pair.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code >= 500 and r.json()["error"]["message"], r.text
+    # the prompt server is gone: the router cannot reach it and answers an error, not an empty 200
+    pair.prompt.close()
+    r = _complete(pair.url)
+    assert r.status_code == 503 and r.json()["error"]["message"], r.text
+    body = {"model": MODEL, "prompt": PROMPT, "stream": True}
+    with httpx.stream("POST", f"{pair.url}/v1/completions", json=body, timeout=30) as s:
+        assert s.status_code == 503
