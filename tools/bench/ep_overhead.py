@@ -46,8 +46,7 @@ def _ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
         from dsgraph.tools.bench.timing import time_ms
 
         return time_ms(fn, warmup=3, repeats=repeats)
-    fn()
-    start = time.perf_counter()
+    start = time.perf_counter()  # (warmed up by the output run)
     for _ in range(repeats):
         fn()
     return (time.perf_counter() - start) * 1e3 / repeats
@@ -58,7 +57,7 @@ def measure(cfg: Any, batches: tuple[int, ...], platform: str, repeats: int, con
     from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
     from dsgraph.tools.bench.steps import decode_step
 
-    weights = random_serving_weights(cfg, synthetic_token_map(cfg), dspark=False)
+    weights = random_serving_weights(cfg, synthetic_token_map(cfg), device=platform, dspark=False)
     model = make_model(cfg, context + 64)
     rows: list[dict[str, Any]] = []
     sessions = {}
@@ -71,6 +70,7 @@ def measure(cfg: Any, batches: tuple[int, ...], platform: str, repeats: int, con
         fill_caches(sessions[form])
     for b in batches:
         step = decode_step(model, b, context)
+        outs = {f: s.run(step) for f, s in sessions.items()}  # one rank: the same logits either way
         ms = {f: _ms(lambda s=s, step=step: s.run(step), s.device, repeats) for f, s in sessions.items()}
         rows.append(
             {
@@ -79,12 +79,14 @@ def measure(cfg: Any, batches: tuple[int, ...], platform: str, repeats: int, con
                 "ms_with_dispatch_combine": ms["exchange"],
                 "ms_without": ms["no_exchange"],
                 "ratio": ms["exchange"] / ms["no_exchange"],
+                "same_logits": bool(torch.equal(outs["exchange"], outs["no_exchange"])),
             }
         )
-    ops = {
-        f: sum(n.op in ("moe_dispatch", "moe_combine") for n in s.graph.nodes) for f, s in sessions.items()
-    }
-    return {"platform": platform, "exchange_ops_in_graph": ops, "decode": rows}
+    names = ("moe_experts", "moe_dispatch", "moe_combine")
+    ops = {f: {n: sum(e.op == n for e in s.graph.eqns) for n in names} for f, s in sessions.items()}
+    from dsgraph.runtime.distributed.deepep import status
+
+    return {"platform": platform, "deep_ep": status(), "exchange_ops_in_graph": ops, "decode": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
