@@ -93,7 +93,11 @@ class GroupEngine:
         self.group.start(rank_serve)
         if self.links is not None:
             self.links.outbox = self.group.outbox
-            self.links.accept(ep.timeout_s)
+            try:
+                self.links.accept(ep.timeout_s)
+            except RankError:
+                self.group.close(force=True)
+                raise
         while len(self.usage) < len(self.ranks):
             self._pump(POLL_S)
 
@@ -139,8 +143,8 @@ class GroupEngine:
 
         if self.dead is not None:
             raise EngineDead(f"the expert-parallel group ended: {self.dead}")
-        self._to(rank, ("add", rid, list(prompt_ids), params, seed))
         try:
+            self._to(rank, ("add", rid, list(prompt_ids), params, seed))
             while rid not in self._acks:
                 self._pump(POLL_S)
         except RankError as exc:
@@ -165,7 +169,12 @@ class GroupEngine:
             self.group.inboxes[rank - self.group.ranks[0]].put(cmd)
         else:
             assert self.links is not None
-            self.links.send(rank, cmd)
+            try:
+                self.links.send(rank, cmd)
+            except OSError as exc:
+                self.dead = RankError(rank, f"its node's channel failed ({exc})")
+                self.group.close(force=True)
+                raise self.dead from None
 
     def _send(self, rid: int, *cmd: Any) -> None:
         rank = self.owner.get(rid)

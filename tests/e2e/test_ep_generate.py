@@ -94,7 +94,7 @@ def test_ep_equals_one_process(model_dir, reference, ep: int) -> None:  # type: 
     # EP2 with a fixed exchange capacity: decode layers padded, prefills past it take the exact path
     capacity = 8 if ep == 2 else 0
     got, stats = run_ep(
-        model_dir, EPConfig(ep=ep, extra_experts=1, interval=0, timeout_s=120, capacity=capacity)
+        model_dir, EPConfig(ep=ep, extra_experts=1, interval=0, timeout_s=300, capacity=capacity)
     )
     assert got == reference
     assert all(s["rebalances"] == 0 for s in stats)
@@ -105,7 +105,7 @@ def test_ep_equals_one_process(model_dir, reference, ep: int) -> None:  # type: 
 
 @pytest.mark.slow
 def test_rebalance_mid_generation_changes_nothing(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
-    ep = EPConfig(ep=2, extra_experts=2, window=2, interval=4, timeout_s=120)
+    ep = EPConfig(ep=2, extra_experts=2, window=2, interval=4, timeout_s=300)
     got, stats = run_ep(model_dir, ep)
     assert got == reference
     assert all(s["rebalances"] >= 2 and s["moved"] for s in stats)
