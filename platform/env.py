@@ -63,6 +63,13 @@ VARS: dict[str, EnvVar] = {
         ),
         EnvVar("MASTER_ADDR", str, "", "expert parallelism: node 0's address (torchrun's variable)"),
         EnvVar("MASTER_PORT", int, 0, "expert parallelism: node 0's port (torchrun's variable)"),
+        EnvVar(
+            "DSGRAPH_EP_SECRET",
+            str,
+            "",
+            "expert parallelism over several nodes: the key both ends of the request channel prove (default: "
+            "one derived from the rendezvous address)",
+        ),
         EnvVar("RANK", int, -1, "expert parallelism under torchrun: this process's rank"),
         EnvVar("WORLD_SIZE", int, 0, "expert parallelism under torchrun: the number of ranks"),
         EnvVar(

@@ -24,6 +24,13 @@ def add_ep_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eplb-interval", type=int, default=None, help="steps between EPLB rebalances (0: never)")
     g.add_argument("--eplb-window", type=int, default=None, help="steps of expert counts a rebalance uses")
     g.add_argument("--extra-experts", type=int, default=None, help="redundant experts per MoE, a lower bound")
+    g.add_argument(
+        "--ep-capacity",
+        type=int,
+        default=None,
+        help="rows per rank pair of the MoE exchange, padded (static shapes); a layer needing more takes the "
+        "exact dynamic exchange (default 0: exactly the routed rows)",
+    )
 
 
 def ep_from_args(args: argparse.Namespace) -> tuple[EPConfig, Rendezvous]:
@@ -44,6 +51,7 @@ def ep_from_args(args: argparse.Namespace) -> tuple[EPConfig, Rendezvous]:
             "interval": args.eplb_interval,
             "window": args.eplb_window,
             "extra_experts": args.extra_experts,
+            "capacity": args.ep_capacity,
         }
         ep = EPConfig(ep=args.ep, **{k: v for k, v in given.items() if v is not None})
         rv.ranks_here(ep.ep)

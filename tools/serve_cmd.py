@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from pathlib import Path
 
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
@@ -147,16 +146,18 @@ def main(args: argparse.Namespace) -> int:
 
 def _group_engine(args: argparse.Namespace, root: Path, config: object) -> object:
     """--ep N: N rank processes behind this process's API (runtime/distributed/front.py). A node other
-    than 0 runs its ranks (experts and dummy rounds) until the group ends."""
+    than 0 runs its ranks and relays node 0's requests to them (runtime/distributed/nodes.py) until the
+    group ends."""
     from dsgraph.runtime.distributed.front import GroupEngine
 
     ep, rv = ep_from_args(args)
     engine = GroupEngine(root, config, ep, rv)
     if rv.node_rank != 0:
+        from dsgraph.runtime.distributed.nodes import relay
+
         print(f"node {rv.node_rank}: ranks {list(rv.ranks_here(ep.ep))} joined the group at {rv.master_addr}")
-        while True:
-            engine.group.check()
-            time.sleep(1.0)
+        relay(engine.group, rv, engine.usage, ep.timeout_s)  # until node 0 or a rank ends the group
+        raise SystemExit(0)
     return engine
 
 

@@ -18,6 +18,9 @@ class EPConfig:
     window: int = DEFAULT_WINDOW
     interval: int = DEFAULT_INTERVAL
     timeout_s: float = 60.0  # a collective that waits longer ends the group with an error
+    # rows each rank pair's exchange carries, padded (static shapes for capture; a layer that needs more
+    # takes the exact dynamic exchange); 0: exactly the routed rows
+    capacity: int = 0
 
     def __post_init__(self) -> None:
         if self.ep < 1:
@@ -29,6 +32,10 @@ class EPConfig:
         if self.interval < 0 or (self.interval and self.window > self.interval):
             raise ValueError(
                 f"eplb interval is {self.interval}, expected 0 (never) or >= the window ({self.window})"
+            )
+        if self.capacity < 0:
+            raise ValueError(
+                f"capacity is {self.capacity}, expected 0 (exact rows) or >= 1 rows per rank pair"
             )
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s is {self.timeout_s}, expected > 0")

@@ -18,9 +18,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dsgraph.runtime.distributed import padded
 from dsgraph.runtime.distributed.placement import Placement
 
 Tensor = torch.Tensor
+_NO_SLOT = torch.tensor([[-1]], dtype=torch.int32)
+_ZERO_W = torch.zeros((1, 1), dtype=torch.float32)
 
 
 def _exchange(send: Tensor, counts: list[int], group: Any) -> tuple[Tensor, list[int]]:
@@ -52,12 +55,23 @@ def _bytes(t: Tensor) -> Tensor:
 class ExpertExchange:
     """One rank's view of the group: placements per MoE, the pending combines, this step's counts."""
 
-    def __init__(self, rank: int, ep: int, placements: Mapping[str, Placement], group: Any = None) -> None:
-        self.rank, self.ep, self.group = rank, ep, group
+    def __init__(
+        self,
+        rank: int,
+        ep: int,
+        placements: Mapping[str, Placement],
+        group: Any = None,
+        capacity: int = 0,
+        control: Any = None,
+    ) -> None:
+        # capacity > 0: rows per rank pair, static shapes (padded.py); 0: exactly the routed rows
+        self.rank, self.ep, self.group, self.capacity, self.control = rank, ep, group, capacity, control
+        self.overflows = 0  # layers that exceeded the capacity and took the dynamic exchange
+        self.padded = 0  # layers that took the fixed-capacity exchange
         self.placements: dict[str, Placement] = {}
         self.tables: dict[str, tuple[Tensor, Tensor]] = {}
         self.counts: dict[str, np.ndarray] = {}  # moe -> tokens per logical expert since the last take
-        self._pending: dict[str, tuple[Tensor, list[int]]] = {}
+        self._pending: dict[str, tuple[Tensor, Any]] = {}  # moe -> (pair order, counts or buffer rows)
         for moe, p in placements.items():
             self.set_placement(moe, p)
 
@@ -89,6 +103,17 @@ class ExpertExchange:
         payload = torch.cat(
             [_bytes(x[tokens[order]]), _bytes(local[:, None]), _bytes(weights.reshape(-1)[order][:, None])], 1
         )
+        if self.capacity and padded.fits(counts, self.capacity, self.control):
+            pos = padded.positions(dest[order], counts, self.capacity)
+            # padding: zero activations, local slot -1 (no expert), weight 0
+            pad = torch.cat([_bytes(x[:1].new_zeros(1, x.shape[1])), _bytes(_NO_SLOT), _bytes(_ZERO_W)], 1)
+            got = padded.exchange(
+                payload, pos.to(payload.device), self.ep, self.capacity, pad.to(x.device), self.group
+            )
+            self._pending[p.moe] = (order, pos)
+            self.padded += 1
+            return self._received(got, [self.capacity] * self.ep, x, k)
+        self.overflows += bool(self.capacity)
         got, recv_counts = _exchange(payload, counts, self.group)
         self._pending[p.moe] = (order, counts)
         return self._received(got, recv_counts, x, k)
@@ -108,11 +133,15 @@ class ExpertExchange:
 
     def combine(self, p: Any, y: Tensor, src: Tensor, ids: Tensor) -> Tensor:
         order, counts = self._pending.pop(p.moe)
-        back_counts = torch.bincount(src.long(), minlength=self.ep).tolist()
-        got, _ = _exchange(_bytes(y.float()), back_counts, self.group)
+        if isinstance(counts, Tensor):  # the padded exchange: `counts` are the pairs' buffer rows
+            got = padded.back(y.float(), self.group)[counts]
+        else:
+            back_counts = torch.bincount(src.long(), minlength=self.ep).tolist()
+            got, _ = _exchange(_bytes(y.float()), back_counts, self.group)
+            got = got.contiguous().view(torch.float32).reshape(-1, y.shape[1])
         t, k = ids.shape
         pairs = torch.empty((t * k, y.shape[1]), dtype=torch.float32, device=y.device)
-        pairs[order] = got.contiguous().view(torch.float32).reshape(-1, y.shape[1])
+        pairs[order] = got
         pairs = pairs.reshape(t, k, y.shape[1])
         by_id = torch.sort(ids, dim=1, stable=True).indices
         out = torch.zeros((t, y.shape[1]), dtype=torch.float32, device=y.device)

@@ -1,6 +1,7 @@
 """`GroupEngine`: the Engine interface the server uses (runtime/server/engine_loop.py), over the ranks of
 an expert-parallel group. Each request goes to the rank with the fewest requests (data-parallel
-attention); the ranks serve in lockstep (serve_loop.py) and stream their token events back. A rank that
+attention), on any node: node 0's process reaches the other nodes' ranks through their relays
+(nodes.py); the ranks serve in lockstep (serve_loop.py) and stream their token events back. A rank that
 dies raises RankError (naming it and the cause) from the next call, within `poll_s` plus the group's
 timeout: the server's engine loop then stops and answers 503."""
 
@@ -16,6 +17,7 @@ from dsgraph.runtime.distributed.config import EPConfig
 from dsgraph.runtime.distributed.dp import EPRunner
 from dsgraph.runtime.distributed.group import Rendezvous
 from dsgraph.runtime.distributed.launch import RankError
+from dsgraph.runtime.distributed.nodes import NodeLinks
 from dsgraph.runtime.distributed.serve_loop import rank_serve
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 
@@ -70,8 +72,18 @@ class GroupEngine:
             self.cfg.text, min(config.max_model_len, self.cfg.text.max_position_embeddings), config.page_size
         )
         self.model = family.build(self.cfg, self.tokenizer, numerics_for(config.numerics), geo, False)
-        self.runner = EPRunner(root, ep, asdict(config), rv)
+        # node 0 listens before the ranks start, so another node's relay never finds the port closed
+        self.links = None
+        if rv is not None and rv.nnodes > 1 and rv.node_rank == 0:
+            self.links = NodeLinks(rv, ep.ep, None)
+        try:
+            self.runner = EPRunner(root, ep, asdict(config), rv)
+        except BaseException:
+            if self.links is not None:
+                self.links.listener.close()
+            raise
         self.group = self.runner.group
+        self.ranks = list(range(ep.ep)) if self.links is not None else list(self.group.ranks)
         self.owner: dict[int, int] = {}  # request -> rank
         self.usage: dict[int, dict[str, Any]] = {}
         self._events: list[Any] = []
@@ -79,7 +91,14 @@ class GroupEngine:
         self.scheduler = _Scheduler(self)
         self.dead: RankError | None = None
         self.group.start(rank_serve)
-        while len(self.usage) < len(self.group.ranks):
+        if self.links is not None:
+            self.links.outbox = self.group.outbox
+            try:
+                self.links.accept(ep.timeout_s)
+            except RankError:
+                self.group.close(force=True)
+                raise
+        while len(self.usage) < len(self.ranks):
             self._pump(POLL_S)
 
     @property
@@ -101,6 +120,10 @@ class GroupEngine:
                 raise
             return
         kind, rank = msg[0], msg[1]
+        if kind == "dead":  # another node's rank, as its relay saw it
+            self.dead = RankError(rank, msg[2])
+            self.group.close(force=True)
+            raise self.dead
         if kind == "ack":
             self._acks[msg[2]] = msg[3]
         elif kind == "usage":
@@ -112,7 +135,7 @@ class GroupEngine:
     def add_request(
         self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
     ) -> None:
-        load = {r: 0 for r in range(len(self.group.ranks))}
+        load = {r: 0 for r in self.ranks}
         for r in self.owner.values():
             load[r] += 1
         rank = min(load, key=lambda r: (load[r], r))
@@ -120,8 +143,8 @@ class GroupEngine:
 
         if self.dead is not None:
             raise EngineDead(f"the expert-parallel group ended: {self.dead}")
-        self.group.inboxes[rank].put(("add", rid, list(prompt_ids), params, seed))
         try:
+            self._to(rank, ("add", rid, list(prompt_ids), params, seed))
             while rid not in self._acks:
                 self._pump(POLL_S)
         except RankError as exc:
@@ -141,10 +164,22 @@ class GroupEngine:
                 self.owner.pop(e.rid, None)
         return events
 
+    def _to(self, rank: int, cmd: tuple) -> None:
+        if rank in self.group.ranks:
+            self.group.inboxes[rank - self.group.ranks[0]].put(cmd)
+        else:
+            assert self.links is not None
+            try:
+                self.links.send(rank, cmd)
+            except OSError as exc:
+                self.dead = RankError(rank, f"its node's channel failed ({exc})")
+                self.group.close(force=True)
+                raise self.dead from None
+
     def _send(self, rid: int, *cmd: Any) -> None:
         rank = self.owner.get(rid)
         if rank is not None:
-            self.group.inboxes[rank].put((cmd[0], rid, *cmd[1:]))
+            self._to(rank, (cmd[0], rid, *cmd[1:]))
 
     def abort(self, rid: int) -> None:
         self._send(rid, "abort")
@@ -166,6 +201,8 @@ class GroupEngine:
         return {k: max(s[k] for s in stats) for k in stats[0]} if stats else {}
 
     def close(self) -> None:
+        if self.links is not None:
+            self.links.close()
         for inbox in self.group.inboxes:
             inbox.put(None)
         self.group.close(force=True)

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from dsgraph.runtime.distributed.group import Rendezvous, init_group
+from dsgraph.runtime.distributed.shared_tables import node_folder, remove
 from dsgraph.runtime.server.errors import PublicError
 
 Call = Callable[..., Any]
@@ -25,7 +26,14 @@ class RankError(PublicError):
 
 
 def _serve(
-    rank: int, ep: int, rv: Rendezvous, platform: str, timeout_s: float, conn: Connection, queues: tuple
+    rank: int,
+    ep: int,
+    rv: Rendezvous,
+    platform: str,
+    timeout_s: float,
+    conn: Connection,
+    queues: tuple,
+    shared: str,
 ) -> None:
     """The rank's loop: join the group, then run each call on `state` and answer (ok, value) or
     (error, traceback)."""
@@ -41,6 +49,7 @@ def _serve(
     import torch.distributed as dist
 
     state: dict[str, Any] = {"rank": rank, "ep": ep, "inbox": queues[0], "outbox": queues[1]}
+    state["shared_dir"], state["first_on_node"] = shared, rank == rv.ranks_here(ep).start
     # votes and counts are host values: over NCCL they take a gloo group of their own
     state["control"] = dist.new_group(backend="gloo") if dist.get_backend() == "nccl" else None
     while True:
@@ -70,11 +79,14 @@ class RankGroup:
         # streaming channels beside the call pipes: commands to each rank, messages from all of them
         self.inboxes = [ctx.Queue() for _ in self.ranks]
         self.outbox = ctx.Queue()
+        self.shared_dir = node_folder()  # the node's Engram tables (shared_tables.py)
         for rank, inbox in zip(self.ranks, self.inboxes, strict=True):
             parent, child = ctx.Pipe()
             queues = (inbox, self.outbox)
             proc = ctx.Process(
-                target=_serve, args=(rank, ep, rv, platform, timeout_s, child, queues), daemon=True
+                target=_serve,
+                args=(rank, ep, rv, platform, timeout_s, child, queues, self.shared_dir),
+                daemon=True,
             )
             proc.start()
             self.conns.append(parent)
@@ -159,3 +171,4 @@ class RankGroup:
             if proc.is_alive():
                 proc.kill()
                 proc.join(5.0)
+        remove(self.shared_dir)

@@ -25,7 +25,9 @@ from dsgraph.runtime.distributed.config import EPConfig, check_ep, num_redundant
 from dsgraph.runtime.distributed.exchange import ExpertExchange
 from dsgraph.runtime.distributed.group import group_platform
 from dsgraph.runtime.distributed.lockstep import Lockstep
+from dsgraph.runtime.distributed.move import apply_move, move_plan
 from dsgraph.runtime.distributed.placement import Placement, initial
+from dsgraph.runtime.distributed.shared_tables import share_tables
 
 EXPERTS = "ffn.experts."
 STAT_INTERVAL = 128  # steps between load-balance measurements (an all-reduce), as DeepInfer
@@ -49,10 +51,6 @@ def initial_placements(weights: Mapping[str, torch.Tensor], cfg: EPConfig) -> di
     return out
 
 
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
-
-
 @dataclass
 class RankSetup:
     rank: int
@@ -66,11 +64,18 @@ class RankSetup:
     imbalance_before: float = 1.0
     rebalances: int = 0
     steps: int = 0
+    moved_bytes: int = 0  # expert weight bytes this rank received in rebalances
+    history: list[tuple[str, Placement, Placement]] = field(default_factory=list)  # (moe, old, new)
+    shared_dir: str | None = None  # the node's folder for its one copy of the Engram tables
+    first_on_node: bool = False
 
     def local_weights(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Every dense weight, and of each MoE's experts this rank's physical slots."""
+        """Every dense weight (the Engram tables mapped from the node's one copy), and of each MoE's
+        experts this rank's physical slots."""
         self.placements = initial_placements(weights, self.config)
-        self.exchange = ExpertExchange(self.rank, self.config.ep, self.placements, self.group)
+        self.exchange = ExpertExchange(
+            self.rank, self.config.ep, self.placements, self.group, self.config.capacity, self.control
+        )
         self.stats = eplb.ExpertStats(self.config.window)
         out = dict(weights)
         for moe, p in self.placements.items():
@@ -78,6 +83,8 @@ class RankSetup:
             for name in EXPERT_TENSORS:
                 if moe + EXPERTS + name in weights:
                     out[moe + EXPERTS + name] = weights[moe + EXPERTS + name][local].contiguous()
+        if self.shared_dir is not None:
+            out = share_tables(out, self.shared_dir, self.first_on_node, self.control)
         return out
 
     def platform(self, name: str) -> Platform:
@@ -146,25 +153,26 @@ class RankSetup:
             new = eplb.rebalance(p, loads[moe])
             if new != p:
                 self._move(moe, p, new)
+                self.history.append((moe, p, new))
                 self.placements[moe] = new
                 self.exchange.set_placement(moe, new)
         self.measure(loads)
         self.rebalances += 1
 
     def _move(self, moe: str, old: Placement, new: Placement) -> None:
-        """Gather the group's expert slots (bytes, any dtype) and keep the new local ones, in place."""
-        src = [old.phys_to_logical.index(e) for e in new.local(self.rank)]
+        """Bring this rank's expert slots to `new`, in place: only slots whose expert this rank did not
+        hold travel (move.py); `moved_bytes` counts what this rank received."""
+        plan = move_plan(old, new)
         for name in EXPERT_TENSORS:
             key = f"weights.{moe}{EXPERTS}{name}"
-            local = self._weight_dicts[0].get(key)
-            if local is None:
-                local = next(d[key] for d in self._weight_dicts if key in d)
-            parts = [torch.empty_like(_as_bytes(local)) for _ in range(self.config.ep)]
-            dist.all_gather(parts, _as_bytes(local), group=self.group)
-            moved = torch.cat(parts)[src].view(local.dtype).reshape(local.shape).clone()
-            for d in self._weight_dicts:
-                if key in d:
-                    d[key].copy_(moved)
+            held = [d for d in self._weight_dicts if key in d]
+            if not held:
+                continue
+            local = held[0][key]
+            moved = apply_move(plan, self.rank, local, self.group)
+            self.moved_bytes += plan.received(self.rank) * (local[0].numel() * local.element_size())
+            for d in held:
+                d[key].copy_(moved)
 
     def load_stats(self) -> dict[str, float]:
         """For /metrics and the bench: the last measured imbalance (and the one before the last
@@ -174,4 +182,7 @@ class RankSetup:
             "imbalance_before_rebalance": self.imbalance_before,
             "rebalances": float(self.rebalances),
             "dummy_runs": float(self.lockstep.dummy_runs if self.lockstep else 0),
+            "moved_bytes": float(self.moved_bytes),
+            "capacity_overflows": float(self.exchange.overflows if self.exchange else 0),
+            "capacity_padded": float(self.exchange.padded if self.exchange else 0),
         }

@@ -1,7 +1,9 @@
 """Expert parallelism end to end (cpu, gloo, loopback): LLM(ep=2 | 4) runs data-parallel attention over
 that many rank processes with the experts partitioned (plus redundant copies) and produces the tokens
 (greedy and seeded) and prompt log-probabilities of the single-process engine bit for bit, with DSpark
-drafting and prefix caching on; an EPLB rebalance in the middle of generation changes nothing."""
+drafting and prefix caching on, with the exchange's exact rows or a fixed capacity; an EPLB rebalance in
+the middle of generation changes nothing and sends only the changed slots; each node keeps one copy of
+the Engram tables."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.tools.cli import main
 from tests.oracle import model_fixtures as fx
-from tests.runtime.ep_cases import die_after, layout, load_stats, moved
+from tests.runtime.ep_cases import die_after, engram_pages, layout, load_stats, moved, rebalance_history
+from tests.runtime.test_ep_exchange import changed_slots
 from tests.runtime.test_spec_engine import CURVE
 
 SHARED = fx.prompt(500, 20)  # a prefix several prompts share: prefix cache hits
@@ -62,30 +65,55 @@ def run_ep(model_dir: str, ep: EPConfig) -> tuple[list[tuple[Any, ...]], list[di
         outs = summary(llm.generate(PROMPTS, PARAMS))
         for shapes in llm.group.call(layout):  # each rank holds its share of every MoE's slots
             assert shapes and all(rows * ep.ep == slots for rows, slots in shapes.values())
+        check_one_engram_copy(llm)
         stats = llm.group.call(load_stats)
-        for s, m in zip(stats, llm.group.call(moved), strict=True):
-            s["moved"] = m
+        for s, m, h in zip(stats, llm.group.call(moved), llm.group.call(rebalance_history), strict=True):
+            s["moved"], s["history"] = m, h
         return outs, stats
     finally:
         llm.group.close()
 
 
+def check_one_engram_copy(llm: LLM) -> None:
+    """Every rank's Engram tables lie in one shared file mapping of the node (same device and inode), and
+    once every rank read them all their resident pages are shared: one copy in memory, not one per rank."""
+    llm.group.call(engram_pages, True)
+    pages = llm.group.call(engram_pages, False)
+    assert pages[0] and all(p.keys() == pages[0].keys() for p in pages)
+    for name in pages[0]:
+        maps = [p[name] for p in pages]
+        assert len({(dev, inode) for dev, inode, *_ in maps}) == 1 and maps[0][1] != 0, maps
+        assert all("dsgraph-ep-" in path and rss > 0 and shared == rss for _, _, path, rss, shared in maps), (
+            maps
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ep", [2, 4])
 def test_ep_equals_one_process(model_dir, reference, ep: int) -> None:  # type: ignore[no-untyped-def]
-    got, stats = run_ep(model_dir, EPConfig(ep=ep, extra_experts=1, interval=0, timeout_s=120))
+    # EP2 with a fixed exchange capacity: decode layers padded, prefills past it take the exact path
+    capacity = 8 if ep == 2 else 0
+    got, stats = run_ep(
+        model_dir, EPConfig(ep=ep, extra_experts=1, interval=0, timeout_s=300, capacity=capacity)
+    )
     assert got == reference
     assert all(s["rebalances"] == 0 for s in stats)
+    if capacity:
+        assert all(s["capacity_padded"] > 0 and s["capacity_overflows"] > 0 for s in stats), stats
     assert reference[4][2] is not None and all(v is not None for v in reference[4][2][1:])
 
 
 @pytest.mark.slow
 def test_rebalance_mid_generation_changes_nothing(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
-    ep = EPConfig(ep=2, extra_experts=2, window=2, interval=4, timeout_s=120)
+    ep = EPConfig(ep=2, extra_experts=2, window=2, interval=4, timeout_s=300)
     got, stats = run_ep(model_dir, ep)
     assert got == reference
     assert all(s["rebalances"] >= 2 and s["moved"] for s in stats)
     assert all(s["imbalance"] >= 1.0 for s in stats)
+    for rank, s in enumerate(stats):  # the wire carried the changed slots' rows, nothing else
+        history, per_slot, received = s["history"]
+        assert history and received == s["moved_bytes"]
+        assert received == sum(changed_slots(old, new, rank) * per_slot[m] for m, old, new in history)
 
 
 @pytest.mark.slow

@@ -82,5 +82,6 @@ def test_serve_with_room_passes_the_check() -> None:
         eplb_interval=None,
         eplb_window=None,
         extra_experts=None,
+        ep_capacity=None,
     )
     refuse_unless_fits(args, default_model_dir())  # no SystemExit
