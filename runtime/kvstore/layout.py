@@ -62,7 +62,7 @@ class CacheLayout:
 def global_bytes_per_token(plans: tuple[LayerPlan, ...], head_dim: int, index_head_dim: int) -> float:
     """Bytes of global (compressed) cache per token: per KV-source layer of ratio r, one NVFP4-g16 entry
     of the head and one MXFP4-g32 entry of the index key every r tokens."""
-    from dsgraph.platform.cpu.cache_format import mxfp4_g32_entry_bytes, nvfp4_g16_entry_bytes
+    from dsgraph.platform.registry import cache_entry_bytes
 
-    entry = nvfp4_g16_entry_bytes(head_dim) + mxfp4_g32_entry_bytes(index_head_dim)
+    entry = cache_entry_bytes(head_dim, index_head_dim)
     return math.fsum(entry / p.ratio for p in plans if p.mode is LayerMode.FULL)
