@@ -6,7 +6,15 @@ returns are the cache buffers themselves (any that is not is copied in, without 
 
 On a cpu device (tests without a GPU) the same runner runs, its captured pieces re-running their steps
 into the buffers recorded at capture (capture.py), so the bucketing and staging logic is testable
-anywhere."""
+anywhere.
+
+Replay from C++: each capture is registered with the native runtime's `ReplayTable` (runtime/csrc/
+graph_replay.h) under its bucket's sizes, as its phases: the cudaGraphExec_t of every captured piece
+(launched with the driver's cuGraphLaunch on the current stream) and, between them, the eager steps as
+host callbacks. A replayed step is then one call into C++, which finds the bucket and launches all of its
+phases. On a cpu device every phase is a callback (the pieces' re-runs), so the same entry is tested
+without a GPU. DSGRAPH_NATIVE_REPLAY=0 replays each piece from Python instead (measurements).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.platform.cuda.capture import CapturedStep
+from dsgraph.platform import env
+from dsgraph.platform.cuda.capture import CapturedStep, Piece
 from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.platform.registry import Key, Platform, Program
 
@@ -35,6 +44,7 @@ class Runner:
         self.last_captured = False  # whether the last run recorded its bucket (its time includes that)
         self.pool: Any = None
         self.pads = True
+        self.table = _replay_table() if env.native_replay() else None
 
     def program(self, key: Key, lower: Callable[[], Program]) -> DeviceProgram:
         if key not in self.programs:
@@ -69,8 +79,15 @@ class Runner:
         captured.inputs.stage(inputs)
         if before is not None:  # device to device, on the stream the replay follows
             before(captured.inputs.tensors)
-        captured.launch()
+        if self.table is None:
+            captured.launch()
+        else:
+            self.table.launch(native_key(key), self._stream())
+            captured.replays += 1
         return captured.outputs
+
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     def _captured(
         self,
@@ -86,7 +103,10 @@ class Runner:
                 raise ValueError(f"bucket {key}: capturing needs the bucket's all-padding step")
             if self.pool is None and self.device.type == "cuda":
                 self.pool = torch.cuda.graph_pool_handle()
-            self.captured[key] = CapturedStep(program, fixed, padding(), pool=self.pool, extra=extra)
+            captured = CapturedStep(program, fixed, padding(), pool=self.pool, extra=extra)
+            if self.table is not None:
+                self.table.add(native_key(key), native_phases(captured))
+            self.captured[key] = captured
             self.captures += 1
             self.last_captured = True
         return self.captured[key]
@@ -103,3 +123,30 @@ class Runner:
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+
+def _replay_table() -> Any:
+    """The native runtime's replay table (None when the built module predates it: Python replay)."""
+    try:
+        from dsgraph.runtime import _native
+    except ImportError:
+        return None
+    table = getattr(_native, "ReplayTable", None)
+    return None if table is None else table()
+
+
+def native_key(key: Key) -> list[int]:
+    """The ints of a bucket key in order (its sizes, and a variant's tag), the native table's key."""
+    if isinstance(key, bool | int):
+        return [int(key)]
+    if isinstance(key, tuple):
+        return [i for part in key for i in native_key(part)]
+    return []
+
+
+def native_phases(captured: CapturedStep) -> list[int | Callable[[], None]]:
+    """A capture's phases for the native table: graph exec handles, eager steps as callbacks."""
+    return [
+        p.graph.raw_cuda_graph_exec() if isinstance(p, Piece) and p.graph is not None else p.replay
+        for p in captured.phases
+    ]
