@@ -162,6 +162,9 @@ class BucketRunner(Protocol):
     def bucket(self, n: int) -> int:
         """The size a step dim of `n` runs at (padded to it)."""
 
+    def program(self, key: Key, lower: Callable[[], Program]) -> Any:
+        """The bucket's program as this runner executes it (lowered on the key's first use)."""
+
     def run(
         self,
         key: Key,

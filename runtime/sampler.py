@@ -135,7 +135,6 @@ class Sampler:
         # the small results come back to the host (detokenization, scheduling)
         return _to_host(s) if to_host else s
 
-
     def _run(
         self, graph: Graph, programs: dict[Any, Program], key: Any, sizes: dict[str, int], args: list[Any]
     ) -> dict[str, torch.Tensor]:

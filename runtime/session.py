@@ -49,6 +49,7 @@ from dsgraph.platform.registry import (
     lower,
     make_runner,
     place_weights,
+    platform_name,
     resolve_device,
     torch_dtype,
 )
@@ -136,7 +137,8 @@ class Session:
         self.model, self.platform, self.capture = model, platform, capture
         self.capture_max_tokens = capture_max_tokens
         # the platform's bucketed runner executes every step (platform/<name>/runner.py)
-        self.runner: BucketRunner = make_runner(platform, device)
+        name = platform_name(platform)
+        self.runner: BucketRunner = make_runner(platform, resolve_device(name if device is None else device))
         self.device = self.runner.device
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(weights, model.dspark)
@@ -239,11 +241,8 @@ class Session:
             logits = self.run(step.inputs, fix)
             step.commit()
             return logits
-        sizes = self._sizes(step)
-        outs, truncated = sizes["outs"], TRUNCATED_INPUT in step
-        sizes.update({d: self.runner.bucket(sizes[d]) for d in STEP_DIMS if d in sizes})
-        padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
-        key = self._key(sizes, truncated)
+        key, sizes, padded, outs = self._bucket(step)
+        truncated = TRUNCATED_INPUT in step
         inputs: dict[str, Any] = {f"step.{k}": v for k, v in padded.items()}
         sources = padded_sources(fix, {k: padded[k].shape for k in FIXED_INPUTS})
         inputs.update({f"fix.{k}": v for k, v in sources.items()})
@@ -267,6 +266,22 @@ class Session:
         self.runner.keep_caches(self.caches, out)
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
         return out["logits"][:outs]
+
+    def _bucket(self, step: Mapping[str, Array]) -> tuple[Any, dict[str, int], dict[str, np.ndarray], int]:
+        """(the bucket's key, its sizes, the step's inputs padded to it, the real number of outputs)."""
+        sizes = self._sizes(step)
+        outs = sizes["outs"]
+        sizes.update({d: self.runner.bucket(sizes[d]) for d in STEP_DIMS if d in sizes})
+        padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
+        return self._key(sizes, TRUNCATED_INPUT in step), sizes, padded, outs
+
+    def bound_program(self, step: Mapping[str, Array]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """The step's bucket program bound to the device (the runner's) and its eager inputs by name, for
+        tools that run it equation by equation (the op profile)."""
+        key, sizes, padded, _ = self._bucket(step)
+        program = self.runner.program(key, lambda: self._program(sizes, TRUNCATED_INPUT in step))
+        tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
+        return program, {**self._fixed(), **tensors}
 
     def _fixed(self) -> dict[str, torch.Tensor]:
         return {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}

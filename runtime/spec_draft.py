@@ -109,7 +109,9 @@ class DraftRunner:
             padding=lambda: {f"step.{k}": v for k, v in draft_inputs(self.text, [], seqs).items()},
         )
         if seqs not in self.packed:
-            self.packed[seqs] = torch.zeros((2, seqs, self.block), dtype=torch.int32, device=self.runner.device)
+            self.packed[seqs] = torch.zeros(
+                (2, seqs, self.block), dtype=torch.int32, device=self.runner.device
+            )
         packed = self.packed[seqs]
         # tokens and confidences go to the host (the scheduler plans with them) in one device-to-host copy,
         # the confidences as their i32 bit patterns; log-probs stay on the device (the engine's pool)

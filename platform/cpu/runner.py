@@ -32,6 +32,11 @@ class Runner:
         """Steps run at their own sizes: a program per distinct size costs only its lowering here."""
         return n
 
+    def program(self, key: Key, lower: Callable[[], Program]) -> Program:
+        if key not in self.programs:
+            self.programs[key] = lower()
+        return self.programs[key]
+
     def run(
         self,
         key: Key,
@@ -45,14 +50,13 @@ class Runner:
         before: Callable[[dict[str, torch.Tensor]], None] | None = None,
     ) -> dict[str, torch.Tensor]:
         del capture, padding  # every run is eager
-        if key not in self.programs:
-            self.programs[key] = lower()
+        program = self.program(key, lower)
         tensors = {k: as_tensor(v) for k, v in inputs.items()}
         if before is not None:
             before(tensors)
         extra = extra or {}
         args = {**fixed, **{k: v for k, v in tensors.items() if k not in extra}}
-        return run_program(self.programs[key], args)
+        return run_program(program, args)
 
     def keep_caches(self, caches: dict[str, torch.Tensor], outputs: Mapping[str, torch.Tensor]) -> None:
         for name in caches:

@@ -9,7 +9,12 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOWED = {"dsgraph.platform", "dsgraph.platform.registry", "dsgraph.platform.env", "dsgraph.platform.devices"}
+ALLOWED = {
+    "dsgraph.platform",
+    "dsgraph.platform.registry",
+    "dsgraph.platform.env",
+    "dsgraph.platform.devices",
+}
 # a platform's module named in source text (an importlib string, a lazy import) or a platform branch
 FORBIDDEN_TEXT = re.compile(r"platform\.(cpu|cuda|null)\b|\bon_device\b")
 
