@@ -75,7 +75,7 @@ void bind_replay(nb::module_ &m) {
              "or a callable run on the host.")
         .def("launch", &PyReplayTable::launch, nb::arg("key"), nb::arg("stream") = 0,
              "Run the bucket's phases: graphs through cuGraphLaunch on `stream` (a CUstream handle; the "
-             "driver is opened with dlopen on first use), callables in between; KeyError for an unknown "
+             "driver is opened with dlopen on first use), callables in between; IndexError for an unknown "
              "bucket, RuntimeError naming the CUresult of a failed launch.")
         .def("__contains__", &PyReplayTable::contains, nb::arg("key"))
         .def("__len__", &PyReplayTable::size);
