@@ -45,6 +45,7 @@ class Runner:
         self.pool: Any = None
         self.pads = True
         self.table = _replay_table() if env.native_replay() else None
+        self.native_keys: dict[Key, list[int]] = {}  # bucket -> its key in the native table
 
     def program(self, key: Key, lower: Callable[[], Program]) -> DeviceProgram:
         if key not in self.programs:
@@ -82,7 +83,7 @@ class Runner:
         if self.table is None:
             captured.launch()
         else:
-            self.table.launch(native_key(key), self._stream())
+            self.table.launch(self.native_keys[key], self._stream())
             captured.replays += 1
         return captured.outputs
 
@@ -105,7 +106,8 @@ class Runner:
                 self.pool = torch.cuda.graph_pool_handle()
             captured = CapturedStep(program, fixed, padding(), pool=self.pool, extra=extra)
             if self.table is not None:
-                self.table.add(native_key(key), native_phases(captured))
+                self.native_keys[key] = native_key(key)
+                self.table.add(self.native_keys[key], native_phases(captured))
             self.captured[key] = captured
             self.captures += 1
             self.last_captured = True
