@@ -20,6 +20,7 @@ __all__ = [
     "cache_home",
     "child_environ",
     "engram_host_min_bytes",
+    "native_replay",
     "read",
     "set_triton_cache_dir",
     "side_stream",
@@ -44,6 +45,13 @@ VARS: dict[str, EnvVar] = {
             True,
             "cuda: gather host-resident Engram rows on a side stream that overlaps the first layers "
             "(0 keeps one stream)",
+        ),
+        EnvVar(
+            "DSGRAPH_NATIVE_REPLAY",
+            bool,
+            True,
+            "cuda: captured buckets are launched from the C++ runtime in one call per step (0: each "
+            "graph replayed from Python; for measuring the difference)",
         ),
         EnvVar(
             "DSGRAPH_ENGRAM_HOST_MIN_BYTES",
@@ -113,6 +121,10 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> bool | int | st
 
 def side_stream() -> bool:
     return bool(read("DSGRAPH_SIDE_STREAM"))
+
+
+def native_replay() -> bool:
+    return bool(read("DSGRAPH_NATIVE_REPLAY"))
 
 
 def engram_host_min_bytes() -> int:

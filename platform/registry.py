@@ -11,10 +11,12 @@ fails naming the equations (`platform/inplace.py`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from dsgraph.graph.ir import Eqn, Graph
 from dsgraph.graph.passes.memory import MemoryPlan, plan_memory
@@ -129,3 +131,123 @@ def lower(graph: Graph, platform: Platform | str) -> Program:
         graph = order_for_inplace(graph, plat)
     steps = tuple(LoweredStep(e, plat.rule_for(e, f"{where}eqn {i} ")) for i, e in enumerate(graph.eqns))
     return Program(graph, plat.name, steps, plat.fallbacks, plat.inplace, plat.kernels, plat)
+
+
+# What the runtime asks of a platform. `runtime/` imports no platform module but this one
+# (tests/unit/test_runtime_platform_free.py); the functions below resolve the platform's own module when
+# called, so importing the registry loads no platform.
+
+Key = Hashable  # a bucket: the concrete sizes a program was specialized to (and any variant tag)
+
+
+class BucketRunner(Protocol):
+    """One platform's execution of bucketed programs (`platform/<name>/runner.py`): a bucket's program is
+    bound to the runner's device once and run eagerly, or captured once and replayed.
+
+    `run(key, lower, fixed, inputs)`: `lower()` gives the bucket's concrete Program (called on the key's
+    first run only); `fixed` are the persistent graph inputs (weights, caches) by name; `inputs` the step's
+    graph inputs by name plus `extra` staged tensors that are no graph input. `before(tensors)` sees the
+    step's tensors on the device after staging and may change them in place (the overlapped-step input
+    fix). With `capture` (a device platform) the bucket is recorded on its first run over `padding()`
+    (an all-padding step of the bucket, extras included) and replayed after. Returns the outputs by
+    name; a replayed bucket's are its static buffers, valid until its next run."""
+
+    name: str
+    device: torch.device
+    captured: dict[Key, Any]  # key -> the bucket's capture (its `as_text()` lists graphs and eager steps)
+    captures: int
+    last_captured: bool  # whether the last run recorded its bucket (its time includes the capture)
+    pads: bool  # whether `bucket` pads sizes (step time is then a step function of the size)
+
+    def bucket(self, n: int) -> int:
+        """The size a step dim of `n` runs at (padded to it)."""
+
+    def program(self, key: Key, lower: Callable[[], Program]) -> Any:
+        """The bucket's program as this runner executes it (lowered on the key's first use)."""
+
+    def run(
+        self,
+        key: Key,
+        lower: Callable[[], Program],
+        fixed: Mapping[str, torch.Tensor],
+        inputs: Mapping[str, Any],
+        *,
+        capture: bool = False,
+        padding: Callable[[], Mapping[str, Any]] | None = None,
+        extra: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None,
+        before: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    ) -> dict[str, torch.Tensor]: ...
+
+    def keep_caches(self, caches: dict[str, torch.Tensor], outputs: Mapping[str, torch.Tensor]) -> None:
+        """Make `caches` (name -> tensor) hold the step's `caches.<name>` outputs."""
+
+    def synchronize(self) -> None:
+        """Wait for all work the runner launched (timing)."""
+
+    def device_name(self) -> str:
+        """The device's name (keys of cached measurements)."""
+
+
+def make_runner(platform: Platform | str, device: torch.device | str | None = None) -> BucketRunner:
+    """The platform's bucketed runner on `device` (default: the platform's own device)."""
+    plat = get_platform(platform) if isinstance(platform, str) else platform
+    if not plat.executes:
+        raise LoweringError(f"platform {plat.name!r} does not execute programs (it only lowers them)")
+    module = importlib.import_module(f"dsgraph.platform.{plat.name}.runner")
+    return module.Runner(plat, resolve_device(plat.name if device is None else device))
+
+
+def platform_name(platform: Platform | str) -> str:
+    return platform if isinstance(platform, str) else platform.name
+
+
+def platform_of(device: torch.device) -> str:
+    """The platform whose programs run on tensors of `device` (sampling follows its logits)."""
+    return "cuda" if device.type == "cuda" else "cpu"
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """`device` with its index; `DeviceUnavailable` (a ValueError naming the platform) when absent."""
+    from dsgraph.platform.cuda.execute import resolve_device as resolve
+
+    return resolve(device)
+
+
+def place_weights(
+    weights: Mapping[str, torch.Tensor], device: torch.device, host_min_bytes: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Every weight on `device`; on a CUDA device the Engram tables of >= host_min_bytes stay in pinned
+    host memory (`platform/cuda/placement.py`)."""
+    from dsgraph.platform.cuda.placement import place_weights as place
+
+    return place(weights, device, host_min_bytes)
+
+
+def host_table_min_bytes(name: str, device: torch.device | str, min_bytes: int | None = None) -> int | None:
+    """The size from which weight `name` stays in host memory on `device`; None: it never does."""
+    from dsgraph.platform.cuda import placement
+
+    if torch.device(device).type != "cuda" or not placement.is_host_table(name):
+        return None
+    return placement.host_min_bytes(min_bytes)
+
+
+def pin_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` in page-locked host memory (where the cuda platform reads a host-resident table)."""
+    from dsgraph.platform.cuda.placement import pin_in_place
+
+    return pin_in_place(t)
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The torch dtype of a graph dtype name."""
+    from dsgraph.platform.cpu.dtypes import to_torch
+
+    return to_torch(dtype)
+
+
+def cache_entry_bytes(head_dim: int, index_head_dim: int) -> int:
+    """Bytes of one compressed cache entry: an NVFP4-g16 head entry and an MXFP4-g32 index-key entry."""
+    from dsgraph.platform.cpu.cache_format import mxfp4_g32_entry_bytes, nvfp4_g16_entry_bytes
+
+    return nvfp4_g16_entry_bytes(head_dim) + mxfp4_g32_entry_bytes(index_head_dim)

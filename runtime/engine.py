@@ -18,7 +18,7 @@ import torch
 
 from dsgraph.models.interface import default_geometry, numerics_for, ratios
 from dsgraph.models.registry import family_for
-from dsgraph.platform.cuda.execute import resolve_device
+from dsgraph.platform.registry import resolve_device
 from dsgraph.runtime.bundle.session_load import open_for_engine
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len

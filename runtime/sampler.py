@@ -1,7 +1,11 @@
 """The sampling step: one lowered `sample` program per (rows, top-logprobs) shape, fed per-row params;
 and the verification of a speculative step (`spec_verify`, exact rejection sampling, ops/spec_sampling.py),
 one program per (rows, sequences) shape. Either takes an optional allowed-token bitmask (structured
-output, runtime/structured/): steps without one run the programs without the mask operand."""
+output, runtime/structured/): steps without one run the programs without the mask operand.
+
+Sampling runs on the platform of the logits (the session's: `platform`, or by default the platform of
+the logits' device), through that platform's bucketed runner, eagerly: rows are not padded, so a
+program exists per row count and none is captured."""
 
 from __future__ import annotations
 
@@ -15,8 +19,7 @@ from dsgraph.graph import Graph, TensorType, make_graph
 from dsgraph.graph.passes import specialize
 from dsgraph.ops import op
 from dsgraph.ops.sampling import mask_words
-from dsgraph.platform.cpu.interpret import run_program
-from dsgraph.platform.registry import Program, lower
+from dsgraph.platform.registry import BucketRunner, Platform, Program, lower, make_runner, platform_of
 from dsgraph.runtime.sampling_params import SamplingParams
 
 GRAPHS = ("sample", "spec_verify", "sample_masked", "spec_verify_masked")
@@ -32,18 +35,25 @@ class Samples:
 
 class Sampler:
     def __init__(
-        self, vocab_size: int, num_top_logprobs: int = 20, graphs: Mapping[str, Graph] | None = None
+        self,
+        vocab_size: int,
+        num_top_logprobs: int = 20,
+        graphs: Mapping[str, Graph] | None = None,
+        *,
+        platform: str | Platform | None = None,
     ) -> None:
-        """`graphs`: the four sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing."""
-        self.vocab, self.k = vocab_size, num_top_logprobs
+        """`graphs`: the four sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing.
+        `platform`: where sampling runs (None: the platform of each call's logits' device)."""
+        self.vocab, self.k, self.platform = vocab_size, num_top_logprobs, platform
+        self.runners: dict[tuple[str, torch.device], BucketRunner] = {}
         traced = self._trace(vocab_size) if graphs is None else graphs
         self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (
             traced[n] for n in GRAPHS
         )
-        self.programs: dict[int, Program] = {}
-        self.verify_programs: dict[tuple[int, int], Program] = {}
-        self.masked_programs: dict[int, Program] = {}
-        self.masked_verify_programs: dict[tuple[int, int], Program] = {}
+        self.programs: dict[tuple[str, int], Program] = {}  # (platform, rows) -> program
+        self.verify_programs: dict[tuple[str, tuple[int, int]], Program] = {}
+        self.masked_programs: dict[tuple[str, int], Program] = {}
+        self.masked_verify_programs: dict[tuple[str, tuple[int, int]], Program] = {}
 
     def _trace(self, vocab_size: int) -> dict[str, Graph]:
         logits = TensorType(("outs", vocab_size), "f32")
@@ -102,8 +112,6 @@ class Sampler:
         graph, programs = self.verify_graph, self.verify_programs
         if allowed is not None:
             graph, programs = self.masked_verify_graph, self.masked_verify_programs
-        if (n, seqs) not in programs:
-            programs[(n, seqs)] = lower(specialize(graph, {"outs": n, "seqs": seqs}), "cpu")
         args = [
             logits.float(),
             draft_tokens.to(torch.int32),
@@ -113,7 +121,7 @@ class Sampler:
         args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
         args += [] if allowed is None else [allowed]
         args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
-        out = run_program(programs[(n, seqs)], args)
+        out = self._run(graph, programs, (n, seqs), {"outs": n, "seqs": seqs}, args)
         # decided on the device; the small results come back to the host in one go per step
         return out["num_accepted"].cpu(), out["token"].cpu(), out["logprob"].cpu()
 
@@ -138,12 +146,28 @@ class Sampler:
         graph, programs = (
             (self.graph, self.programs) if allowed is None else (self.masked_graph, self.masked_programs)
         )
-        if n not in programs:
-            programs[n] = lower(specialize(graph, {"outs": n}), "cpu")
-        out = run_program(programs[n], args)
+        out = self._run(graph, programs, n, {"outs": n}, args)
         s = Samples(*(out[k] for k in ("token", "logprob", "top_logprobs", "top_ids")))
         # the small results come back to the host (detokenization, scheduling)
         return _to_host(s) if to_host else s
+
+    def _run(
+        self, graph: Graph, programs: dict[Any, Program], key: Any, sizes: dict[str, int], args: list[Any]
+    ) -> dict[str, torch.Tensor]:
+        """`graph` specialized to `sizes` (lowered once per key) run on the logits' platform."""
+        device = args[0].device
+        platform = platform_of(device) if self.platform is None else self.platform
+        name = platform if isinstance(platform, str) else platform.name
+        if (name, device) not in self.runners:
+            self.runners[(name, device)] = make_runner(platform, device)
+
+        def lowered() -> Program:
+            if (name, key) not in programs:
+                programs[(name, key)] = lower(specialize(graph, sizes), platform)
+            return programs[(name, key)]
+
+        inputs = dict(zip(graph.input_names, args, strict=True))
+        return self.runners[(name, device)].run((graph.name, key), lowered, {}, inputs)
 
 
 def _tensors(s: Samples) -> tuple[torch.Tensor, ...]:

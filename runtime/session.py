@@ -5,15 +5,17 @@ step. The public face (docs/session.md): `Session.from_checkpoint(dir, config)`,
 Programs are lowered once per bucket (the concrete sizes of the step's symbolic dims) and reused:
 `programs_built` counts lowerings, so a repeated bucket never re-lowers.
 
-On the cpu platform a step runs as given and the caches are replaced by the step's cache outputs. On the
-cuda platform weights and caches live on the device, cache writes are in place, and every step dim
-(tokens, seqs, outs) is padded to a power of two (`runtime/step_padding.py`), so at most
-log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist; each bucket's program is captured into
-CUDA graphs once (`captures` counts them) and replayed (`platform/cuda/capture.py`), or with
-`capture=False` run eagerly on the same padded shapes (debugging). Buckets of more than
-`capture_max_tokens` tokens (long prefill chunks) always run eagerly: a captured graph keeps its
-activations' memory for the session's life (46 GB at a 64k chunk of the full-width bench model), and at
-that size the per-kernel launch cost is a vanishing part of the step.
+Execution belongs to the platform: the session hands each step to its platform's bucketed runner
+(`platform.registry.make_runner`: platform/cpu/runner.py, platform/cuda/runner.py), with the bucket's key,
+how to lower its program, the persistent inputs (weights, caches) and the step's inputs padded to the
+bucket (`runner.bucket`: the cpu runner runs a step at its own sizes, the cuda runner pads every step dim
+(tokens, seqs, outs) to a power of two (`runtime/step_padding.py`), so at most
+log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist). On the cuda platform weights and caches
+live on the device, cache writes are in place, and each bucket's program is captured into CUDA graphs
+once (`captures` counts them) and replayed, or with `capture=False` run eagerly on the same padded shapes
+(debugging). Buckets of more than `capture_max_tokens` tokens (long prefill chunks) always run eagerly: a
+captured graph keeps its activations' memory for the session's life (46 GB at a 64k chunk of the
+full-width bench model), and at that size the per-kernel launch cost is a vanishing part of the step.
 
 A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill_truncation.py) runs the
 model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
@@ -24,8 +26,9 @@ its graphs and bucket programs from the bundle instead of tracing and lowering t
 the bundle's buckets on cpu too (padding rows read and write nothing, so the logits are unchanged).
 
 Overlapped scheduling: `run(step, fix)` first copies into the step's `token_ids` / `lookback` the tokens
-the previous step sampled on the device (`runtime/input_fix.py`); on cuda the source rows are staged with
-the step's inputs (the same one host-to-device copy) and the correction runs between staging and replay.
+the previous step sampled on the device (`runtime/input_fix.py`); the source rows travel with the step's
+inputs as staged extras (on cuda the same one host-to-device copy) and the correction runs between staging
+and launch.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,11 +46,17 @@ from dsgraph.graph.passes import specialize
 from dsgraph.graph.types import TensorType
 from dsgraph.models.interface import Model as V41Model
 from dsgraph.models.interface import ratios
-from dsgraph.platform.cpu.dtypes import to_torch
-from dsgraph.platform.cpu.interpret import run_program
-from dsgraph.platform.cuda.execute import resolve_device
-from dsgraph.platform.cuda.placement import place_weights
-from dsgraph.platform.registry import Platform, Program, lower
+from dsgraph.platform.registry import (
+    BucketRunner,
+    Platform,
+    Program,
+    lower,
+    make_runner,
+    place_weights,
+    platform_name,
+    resolve_device,
+    torch_dtype,
+)
 from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
 from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 from dsgraph.runtime.step_padding import bucket_size, pad_step
@@ -100,13 +109,6 @@ def size_caches(model: V41Model, num_slots: int, budget_bytes: int) -> CacheSize
     return CacheSizes(num_slots, {r: int(units * n) for r, n in unit_pages.items()})
 
 
-class DeviceStep(NamedTuple):
-    key: tuple[tuple[str, int], ...]  # the bucket: sizes of every symbolic dim
-    program: Any  # its eager DeviceProgram
-    padded: dict[str, np.ndarray]  # the step's inputs padded to the bucket
-    outs: int  # the real number of sampled rows
-
-
 # Symbolic step dims, each bucketed on cuda: rows, sequences, sampled rows, and the decoder rows of a
 # compact truncated prefill (models/deepseek_v41/truncation.py).
 STEP_DIMS = ("tokens", "seqs", "outs", "kept")
@@ -135,15 +137,14 @@ class Session:
         from dsgraph.models.interface import weight_types
         from dsgraph.runtime.spec_draft import target_weights
 
-        name = platform if isinstance(platform, str) else platform.name
-        if name not in ("cpu", "cuda"):
-            raise ValueError(f"Session: platform {name!r}, expected 'cpu' or 'cuda'")
         if capture_max_tokens < 1:
             raise ValueError(f"Session: capture_max_tokens is {capture_max_tokens}, expected >= 1")
         self.model, self.platform, self.capture = model, platform, capture
         self.capture_max_tokens = capture_max_tokens
-        self.on_device = name == "cuda"
-        self.device = resolve_device(device if device is not None else name)
+        # the platform's bucketed runner executes every step (platform/<name>/runner.py)
+        name = platform_name(platform)
+        self.runner: BucketRunner = make_runner(platform, resolve_device(name if device is None else device))
+        self.device = self.runner.device
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(model, weights)
         # On a CUDA device Engram tables of >= host_min_bytes (default: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
@@ -163,7 +164,7 @@ class Session:
         self.cache_sizes = caches
         self.caches = {
             name: torch.zeros(
-                [caches.sizes().get(d, d) for d in t.shape], dtype=to_torch(t.dtype), device=self.device
+                [caches.sizes().get(d, d) for d in t.shape], dtype=torch_dtype(t.dtype), device=self.device
             )
             for name, t in model.cache_types().items()
         }
@@ -171,10 +172,6 @@ class Session:
         self.programs_built = 0
         all_inputs = model.step_types(truncated=model.truncation != "off")
         self.step_dims = {name: str(t.shape[0]) for name, t in all_inputs.items()}
-        self.device_programs: dict[tuple[tuple[str, int], ...], Any] = {}
-        self.captured: dict[tuple[tuple[str, int], ...], Any] = {}
-        self.captures = 0
-        self.pool: Any = None
         self.last_debug: dict[str, torch.Tensor] = {}
         self.tokenizer: Any = None  # the checkpoint's tokenizer (set by from_checkpoint)
         self._seqs: CachePool | None = None
@@ -271,97 +268,70 @@ class Session:
             logits = self.run(step.inputs, fix)
             step.commit()
             return logits
-        if self.on_device:
-            return self._run_device(step, fix)
-        tensors = {
-            k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v)) for k, v in step.items()
-        }
-        if fix is not None:
-            fix_inputs(tensors, fix.sources, fix.prev_tokens)
-        sizes, outs = self._sizes(tensors), None
-        if self.bundle is not None:
-            sizes, outs, padded = self._bucketed(tensors)
-            tensors = {k: torch.from_numpy(np.array(v)) for k, v in padded.items()}
-        args = {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
-        args.update({f"step.{k}": v for k, v in tensors.items()})
-        out = run_program(self._program(sizes, TRUNCATED_INPUT in step), args)
-        for name in self.caches:
-            self.caches[name] = out[f"caches.{name}"]
+        key, sizes, padded, outs = self._bucket(step)
+        truncated = TRUNCATED_INPUT in step
+        inputs: dict[str, Any] = {f"step.{k}": v for k, v in padded.items()}
+        sources = padded_sources(fix, {k: padded[k].shape for k in FIXED_INPUTS})
+        inputs.update({f"fix.{k}": v for k, v in sources.items()})
+        extra = {f"fix.{k}": (tuple(v.shape), torch.int32) for k, v in sources.items()}
+
+        def before(t: dict[str, torch.Tensor]) -> None:  # the previous step's samples, on the device
+            assert fix is not None
+            fixed = {k: t[f"step.{k}"] for k in sources}
+            fix_inputs(fixed, {k: t[f"fix.{k}"] for k in sources}, fix.prev_tokens)
+
+        out = self.runner.run(
+            key,
+            lambda: self._program(sizes, truncated),
+            self._fixed(),
+            inputs,
+            capture=self.capture and sizes["tokens"] <= self.capture_max_tokens,
+            padding=lambda: self._padding(padded, key, extra),
+            extra=extra,
+            before=None if fix is None else before,
+        )
+        self.runner.keep_caches(self.caches, out)
         self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
-        return out["logits"] if outs is None else out["logits"][:outs]
+        return out["logits"][:outs]
+
+    def _bucket(self, step: Mapping[str, Array]) -> tuple[Any, dict[str, int], dict[str, np.ndarray], int]:
+        """(the bucket's key, its sizes, the step's inputs padded to it, the real number of outputs)."""
+        sizes = self._sizes(step)
+        outs = sizes["outs"]
+        # a bundle's session pads to the bundle's power-of-two buckets on every platform
+        pad = bucket_size if self.bundle is not None else self.runner.bucket
+        sizes.update({d: pad(sizes[d]) for d in STEP_DIMS if d in sizes})
+        padded = pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
+        return self._key(sizes, TRUNCATED_INPUT in step), sizes, padded, outs
+
+    def bound_program(self, step: Mapping[str, Array]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """The step's bucket program bound to the device (the runner's) and its eager inputs by name, for
+        tools that run it equation by equation (the op profile)."""
+        key, sizes, padded, _ = self._bucket(step)
+        program = self.runner.program(key, lambda: self._program(sizes, TRUNCATED_INPUT in step))
+        tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
+        return program, {**self._fixed(), **tensors}
 
     def _fixed(self) -> dict[str, torch.Tensor]:
         return {**self.weights, **{f"caches.{k}": v for k, v in self.caches.items()}}
 
-    def device_step(self, step: Mapping[str, Array]) -> DeviceStep:
-        """The step padded to its bucket, with the bucket's eager DeviceProgram. Every dim of a device
-        step is bucketed, so captured graphs stay few."""
-        from dsgraph.platform.cuda.execute import DeviceProgram
+    def _padding(
+        self,
+        padded: Mapping[str, np.ndarray],
+        key: tuple[tuple[str, int], ...],
+        extra: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    ) -> dict[str, np.ndarray]:
+        """An all-padding step of the bucket `key` (what a capture records: it writes no cache entry)."""
+        empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in padded.items()}
+        padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, dict(key)).items()}
+        padding.update({k: np.full(shape, -1, np.int32) for k, (shape, _) in extra.items()})
+        return padding
 
-        sizes, outs, padded = self._bucketed(step)
-        truncated = TRUNCATED_INPUT in step
-        key = self._key(sizes, truncated)
-        if key not in self.device_programs:
-            self.device_programs[key] = DeviceProgram(self._program(sizes, truncated), self.device)
-        return DeviceStep(key, self.device_programs[key], padded, outs)
+    @property
+    def captured(self) -> dict[Any, Any]:
+        """Bucket -> its capture (the runner's; empty on a platform that captures nothing)."""
+        return self.runner.captured
 
-    def _bucketed(self, step: Mapping[str, Array]) -> tuple[dict[str, int], int, dict[str, np.ndarray]]:
-        """The step's bucket (every step dim padded to a power of two), its real sampled rows and its
-        inputs padded to the bucket."""
-        sizes = self._sizes(step)
-        outs = sizes["outs"]
-        sizes.update({d: bucket_size(sizes[d]) for d in STEP_DIMS if d in sizes})
-        return sizes, outs, pad_step({k: np.asarray(v) for k, v in step.items()}, self.step_dims, sizes)
-
-    def eager_args(self, padded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Graph inputs of an eager device run of a padded step (weights, caches, step tensors)."""
-        tensors = {f"step.{k}": torch.from_numpy(np.array(v)).to(self.device) for k, v in padded.items()}
-        return {**self._fixed(), **tensors}
-
-    def _captured(self, d: DeviceStep) -> Any:
-        """The bucket's CUDA graph, recorded on its first step (over an all-padding step)."""
-        from dsgraph.platform.cuda.capture import CapturedStep
-
-        if d.key not in self.captured:
-            if self.pool is None and self.device.type == "cuda":
-                self.pool = torch.cuda.graph_pool_handle()
-            empty = {k: np.zeros((0, *v.shape[1:]), v.dtype) for k, v in d.padded.items()}
-            padding = {f"step.{k}": v for k, v in pad_step(empty, self.step_dims, dict(d.key)).items()}
-            extra = {f"fix.{k}": (tuple(padding[f"step.{k}"].shape), torch.int32) for k in FIXED_INPUTS}
-            padding.update({k: np.full(shape, -1, np.int32) for k, (shape, _) in extra.items()})
-            self.captured[d.key] = CapturedStep(
-                d.program, self._fixed(), padding, pool=self.pool, extra=extra
-            )
-            self.captures += 1
-        return self.captured[d.key]
-
-    def _run_device(self, step: Mapping[str, Array], fix: InputFix | None = None) -> torch.Tensor:
-        d = self.device_step(step)
-        sources = padded_sources(fix, {k: d.padded[k].shape for k in FIXED_INPUTS})
-        if not self.capture or dict(d.key)["tokens"] > self.capture_max_tokens:
-            args = self.eager_args(d.padded)
-            if fix is not None:
-                fix_inputs({k: args[f"step.{k}"] for k in sources}, sources, fix.prev_tokens)
-            out = d.program.run(args)
-        else:
-            captured = self._captured(d)
-            staged = {f"step.{k}": v for k, v in d.padded.items()}
-            captured.inputs.stage({**staged, **{f"fix.{k}": v for k, v in sources.items()}})
-            if fix is not None:  # device to device, on the stream the replay follows
-                t = captured.inputs.tensors
-                fix_inputs(
-                    {k: t[f"step.{k}"] for k in sources}, {k: t[f"fix.{k}"] for k in sources}, fix.prev_tokens
-                )
-            captured.launch()
-            out = captured.outputs
-        self._keep_caches(out)
-        self.last_debug = {k.removeprefix("debug."): v for k, v in out.items() if k.startswith("debug.")}
-        return out["logits"][: d.outs]
-
-    def _keep_caches(self, out: Mapping[str, torch.Tensor]) -> None:
-        """Cache outputs are the cache buffers when every cache write ran in place; any other is copied in
-        (asynchronously: no host sync)."""
-        for name, buffer in self.caches.items():
-            value = out[f"caches.{name}"]
-            if value.data_ptr() != buffer.data_ptr():
-                buffer.copy_(value)
+    @property
+    def captures(self) -> int:
+        return self.runner.captures

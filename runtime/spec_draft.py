@@ -26,8 +26,7 @@ import torch
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
 from dsgraph.models.interface import DRAFT_STREAM, DraftRequest, weight_types
-from dsgraph.platform.cpu.interpret import run_program
-from dsgraph.platform.registry import Program, lower
+from dsgraph.platform.registry import BucketRunner, Program, lower, make_runner
 from dsgraph.runtime.step_padding import bucket_size
 
 __all__ = ["DraftOutput", "DraftRunner", "has_dspark_stages", "target_weights"]
@@ -82,14 +81,11 @@ class DraftRunner:
         else:
             self.graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
         self.programs: dict[int, Program] = {}
-        self.device_programs: dict[int, Any] = {}
         self.block = self.text.dspark_block_size
         self.capture = bool(getattr(session, "capture", True) if capture is None else capture)
-        self.captured: dict[int, Any] = {}  # seqs bucket -> CapturedStep
+        # the platform's runner of the draft buckets (its captures share one memory pool)
+        self.runner: BucketRunner = make_runner(session.platform, device)
         self.packed: dict[int, torch.Tensor] = {}  # seqs bucket -> [2, seqs, K] i32: tokens, confidences
-        self.draft_captures = 0
-        self.last_captured = False  # whether the last pass recorded its bucket (its time includes that)
-        self.pool: Any = None  # one CUDA-graph memory pool for every draft bucket
 
     def _program(self, seqs: int) -> Program:
         if seqs not in self.programs and self.bundle is not None:
@@ -100,13 +96,6 @@ class DraftRunner:
             self.session.programs_built += 1  # a draft bucket counts like a target bucket
         return self.programs[seqs]
 
-    def _device_program(self, seqs: int) -> Any:
-        from dsgraph.platform.cuda.execute import DeviceProgram
-
-        if seqs not in self.device_programs:
-            self.device_programs[seqs] = DeviceProgram(self._program(seqs), self.session.device)
-        return self.device_programs[seqs]
-
     def _fixed(self) -> dict[str, torch.Tensor]:
         """Weights and context rings by graph input name (persistent device tensors)."""
         rings = {f"caches.{k}": v for k, v in self.session.caches.items() if k.startswith("dspark.")}
@@ -116,47 +105,40 @@ class DraftRunner:
         """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""
         n = len(requests)
         seqs = bucket_size(n)
-        inputs = self.session.model.draft_inputs(requests, seqs)
-        self.last_captured = False
-        if self.session.on_device and (self.capture if capture is None else capture):
-            return self._run_captured(n, seqs, inputs)
-        args = self._fixed()
-        args.update({f"step.{k}": v.to(self.session.device) for k, v in inputs.items()})
-        if self.session.on_device:  # eager on the device: every rule launched from the host
-            out = self._device_program(seqs).run(args)
-        else:
-            out = run_program(self._program(seqs), args)
-        # tokens and confidences go to the host (the scheduler plans with them); log-probs stay in the pool
-        return DraftOutput(
-            out["draft_tokens"][:n].cpu(), out["draft_logprobs"][:n], out["confidence"][:n].cpu()
+        inputs = {f"step.{k}": v for k, v in self.session.model.draft_inputs(requests, seqs).items()}
+        out = self.runner.run(
+            seqs,
+            lambda: self._program(seqs),
+            self._fixed(),
+            inputs,
+            capture=self.capture if capture is None else capture,
+            padding=lambda: {f"step.{k}": v for k, v in self.session.model.draft_inputs([], seqs).items()},
         )
-
-    def _captured(self, seqs: int) -> Any:
-        """The bucket's captured pass, recorded on its first use over an all-padding pass."""
-        from dsgraph.platform.cuda.capture import CapturedStep
-
-        if seqs not in self.captured:
-            device = self.session.device
-            if self.pool is None and device.type == "cuda":
-                self.pool = torch.cuda.graph_pool_handle()
-            padding = {f"step.{k}": v for k, v in self.session.model.draft_inputs([], seqs).items()}
-            self.captured[seqs] = CapturedStep(
-                self._device_program(seqs), self._fixed(), padding, output="draft_tokens", pool=self.pool
+        if seqs not in self.packed:
+            self.packed[seqs] = torch.zeros(
+                (2, seqs, self.block), dtype=torch.int32, device=self.runner.device
             )
-            self.packed[seqs] = torch.zeros((2, seqs, self.block), dtype=torch.int32, device=device)
-            self.draft_captures += 1
-            self.last_captured = True
-        return self.captured[seqs]
-
-    def _run_captured(self, n: int, seqs: int, inputs: Mapping[str, torch.Tensor]) -> DraftOutput:
-        captured = self._captured(seqs)
-        captured.replay({f"step.{k}": v for k, v in inputs.items()})
-        out, packed = captured.outputs, self.packed[seqs]
-        # one device-to-host copy for both: the confidences travel as their i32 bit patterns
+        packed = self.packed[seqs]
+        # tokens and confidences go to the host (the scheduler plans with them) in one device-to-host copy,
+        # the confidences as their i32 bit patterns; log-probs stay on the device (the engine's pool)
         packed[0].copy_(out["draft_tokens"])
         packed[1].copy_(out["confidence"].view(torch.int32))
-        host = packed.cpu()  # synchronises: the scheduler plans with these values
+        host = packed.cpu()  # synchronises
         return DraftOutput(host[0, :n], out["draft_logprobs"][:n], host[1, :n].view(torch.float32))
+
+    @property
+    def captured(self) -> dict[Any, Any]:
+        """Bucket of sequences -> its capture (the runner's)."""
+        return self.runner.captured
+
+    @property
+    def draft_captures(self) -> int:
+        return self.runner.captures
+
+    @property
+    def last_captured(self) -> bool:
+        """Whether the last pass recorded its bucket (its time includes that)."""
+        return self.runner.last_captured
 
     def as_text(self) -> str:
         """Each captured bucket's graphs and eager steps (which rules could not be captured, and why)."""

@@ -124,13 +124,12 @@ def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> Th
 
     def run(n: int) -> None:
         session.run(profile_inputs(session.model, n))
-        if session.on_device:
-            torch.cuda.synchronize(session.device)
+        session.runner.synchronize()
         if n not in seen:
             seen.add(n)
             bar.update(1)
 
-    device = torch.cuda.get_device_name(session.device) if session.on_device else "cpu"
+    device = session.runner.device_name()
     model = session.model
     key_config = repr((model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
     curve = load_or_profile_curve(
@@ -140,7 +139,7 @@ def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> Th
         model_config=key_config,
         device_name=device,
         repeats=repeats,
-        lookup="step" if session.on_device else "linear",
+        lookup="step" if session.runner.pads else "linear",
     )
     bar.close()
     for t in session.caches.values():
@@ -160,7 +159,7 @@ def profile_drafter(
     def run(n: int) -> None:
         decoder.drafter.run([DraftRequest(0, 0, i % slots) for i in range(n)])  # tokens synchronise
 
-    device = torch.cuda.get_device_name(session.device) if session.on_device else "cpu"
+    device = session.runner.device_name()
     model = session.model
     key_config = repr(("draft pass", model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
     cost = load_or_profile_curve(
@@ -184,7 +183,7 @@ def setup_spec(
     c = spec.config
     curve = None
     if c.throughput_curve is not None:
-        curve = make_curve(*c.throughput_curve, lookup="step" if engine.session.on_device else "linear")
+        curve = make_curve(*c.throughput_curve, lookup="step" if engine.session.runner.pads else "linear")
     elif c.verify_schedule == "confidence":
         curve = profile_session(engine.session, list(default_buckets(c.max_num_batched_tokens)))
     sched = VerifyScheduler(

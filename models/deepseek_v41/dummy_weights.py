@@ -20,7 +20,7 @@ from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
 from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.models.interface import Numerics
-from dsgraph.platform.cuda import placement
+from dsgraph.platform.registry import host_table_min_bytes, pin_host
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
 
@@ -79,7 +79,7 @@ def _host_table(stored: Stored, min_bytes: int) -> Stored:
     t, s = stored
     if t.numel() * t.element_size() < min_bytes:
         return stored
-    return placement.pin_in_place(t.cpu()), None if s is None else placement.pin_in_place(s.cpu())
+    return pin_host(t), None if s is None else pin_host(s)
 
 
 def random_serving_weights(
@@ -98,9 +98,8 @@ def random_serving_weights(
 
     def make(name: str, spec: TensorSpec) -> Stored:
         stored = _stored(cfg, name, spec, gen)
-        if torch.device(device).type == "cuda" and placement.is_host_table(name):
-            return _host_table(stored, placement.host_min_bytes(host_min_bytes))
-        return stored
+        min_bytes = host_table_min_bytes(name, device, host_min_bytes)
+        return stored if min_bytes is None else _host_table(stored, min_bytes)
 
     out = _serving_layout(cfg, make, dspark=dspark)
     out["engram.token_map"] = torch.tensor(token_map, dtype=torch.int32, device=device)

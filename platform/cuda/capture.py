@@ -140,7 +140,7 @@ class StagedInputs:
             self.copied.record()
 
 
-class _Piece:
+class Piece:
     """Consecutive capturable steps: a CUDA graph, or on a cpu device a re-run into the recorded buffers."""
 
     def __init__(self, program: DeviceProgram, steps: list[int], pool: Any) -> None:
@@ -249,10 +249,10 @@ class CapturedStep:
             pool if pool is not None or program.device.type != "cuda" else torch.cuda.graph_pool_handle()
         )
         env = program.bind(args)
-        self.phases: list[_Piece | _Eager] = []
+        self.phases: list[Piece | _Eager] = []
         for ok, steps in self.runs:
             if ok:
-                piece = _Piece(program, steps, self.pool)
+                piece = Piece(program, steps, self.pool)
                 piece.record(env)
                 self.phases.append(piece)
             else:
@@ -279,7 +279,7 @@ class CapturedStep:
 
     @property
     def num_graphs(self) -> int:
-        return sum(isinstance(p, _Piece) for p in self.phases)
+        return sum(isinstance(p, Piece) for p in self.phases)
 
     def replay(self, step: Mapping[str, torch.Tensor | np.ndarray]) -> torch.Tensor:
         """Stage `step` (the bucket's shapes), replay; returns the static `output` buffer (overwritten by

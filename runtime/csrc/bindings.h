@@ -29,6 +29,7 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(const std::vector<T> &v) {
 }
 
 void bind_caches(nb::module_ &m);
+void bind_replay(nb::module_ &m);
 void bind_scheduler(nb::module_ &m);
 void bind_spec(nb::module_ &m);
 void bind_step_plan(nb::module_ &m);

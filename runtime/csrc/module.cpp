@@ -65,4 +65,5 @@ NB_MODULE(_native, m) {
     dsgraph::bind::bind_step_plan(m);
     dsgraph::bind::bind_scheduler(m);
     dsgraph::bind::bind_spec(m);
+    dsgraph::bind::bind_replay(m);
 }

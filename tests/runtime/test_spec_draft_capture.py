@@ -46,7 +46,7 @@ def session(parts: tuple[Any, dict[str, torch.Tensor]], *, capture: bool) -> Ses
     model, weights = parts
     pages = {r: SLOTS * pages_for(model, r, CONTEXT) for r in ratios(model.plans)}
     s = Session(model, weights, CacheSizes(SLOTS, pages), platform=DEFAULTS, device="cpu", capture=capture)
-    assert s.on_device  # the device path (eager or captured), not the cpu platform's interpreter
+    assert s.runner.pads  # the cuda runner (eager or captured), not the cpu platform's interpreter
     fill_caches(s)  # context rings of random, finite keys
     return s
 

@@ -15,8 +15,7 @@ from dsgraph.runtime.session import Session
 
 
 def op_profile(session: Session, step: Mapping[str, np.ndarray], top: int = 12) -> dict[str, Any]:
-    d = session.device_step(step)
-    program, args = d.program, session.eager_args(d.padded)
+    program, args = session.bound_program(step)
     with unchecked():
         program.run(args, check=False)  # warm-up: kernels compiled, allocator primed
         env = program.bind(args)

@@ -744,3 +744,27 @@ class SpecStats:
     def snapshot(self) -> SpecStatsSnapshot: ...
 
     def reset(self) -> None: ...
+
+class ReplayTable:
+    """
+    Captured bucket programs by key, launched from C++ in one call per step.
+    """
+
+    def __init__(self) -> None: ...
+
+    def add(self, key: Sequence[int], phases: list) -> None:
+        """
+        Register a bucket: its key (ints) and phases in order, each a cudaGraphExec_t handle (int) or a callable run on the host.
+        """
+
+    def launch(self, key: Sequence[int], stream: int = 0) -> None:
+        """
+        Run the bucket's phases: graphs through cuGraphLaunch on `stream` (a CUstream handle; the driver is opened with dlopen on first use), callables in between; IndexError for an unknown bucket, RuntimeError naming the CUresult of a failed launch.
+        """
+
+    def __contains__(self, key: Sequence[int]) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+def cuda_driver_available() -> bool:
+    """Whether the CUDA driver's cuGraphLaunch can be loaded on this machine."""

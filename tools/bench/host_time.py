@@ -1,0 +1,88 @@
+"""Host time per decode step of the 8-layer bench model (tools/bench/model_config.py) on the cuda
+platform, with captured buckets replayed from Python (every piece's `CUDAGraph.replay()`) and from C++
+(one `ReplayTable.launch` per step; platform/cuda/runner.py). The host time is the wall time of
+`Session.run` with the GPU idle before the call (synchronized), so it is the CPU cost of padding,
+staging, the input copy and the launch, not the GPU's work.
+
+    python -m dsgraph.tools.bench.host_time [--out bench/host_time.json] [--batches 1 64] [--repeats 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dsgraph.runtime.dummy_weights import random_serving_weights
+from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
+from dsgraph.tools.bench.model_config import bench_config
+from dsgraph.tools.bench.run import environment
+from dsgraph.tools.bench.steps import decode_step
+
+CONTEXT = 1024  # short: the host cost does not depend on the context, the cache memory does
+
+
+def host_ms(session: Any, step: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median and 90th percentile of the host wall time of `session.run(step)`, the GPU idle before."""
+    for _ in range(3):  # capture, then warm replays
+        session.run(step)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        session.run(step)
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    times.sort()
+    return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
+
+
+def measure(batches: list[int], repeats: int) -> dict[str, Any]:
+    cfg = bench_config()
+    model = make_model(cfg, CONTEXT)
+    weights = random_serving_weights(cfg, synthetic_token_map(cfg))
+    cases = []
+    for batch in batches:
+        step = decode_step(model, batch, CONTEXT)
+        row: dict[str, Any] = {"batch": batch, "context": CONTEXT}
+        logits = {}
+        for mode in ("python", "cpp"):
+            session = session_for(model, weights, batch, CONTEXT)
+            if mode == "python":  # before the first capture: no bucket is registered with C++
+                session.runner.table = None
+            elif session.runner.table is None:
+                raise SystemExit("host_time: the native module has no ReplayTable (rebuild it)")
+            fill_caches(session)
+            row[mode] = host_ms(session, step, repeats)
+            row[f"{mode}_graphs"] = sum(c.num_graphs for c in session.captured.values())
+            logits[mode] = session.run(step).clone()
+            del session
+            torch.cuda.empty_cache()
+        row["ratio_cpp_over_python"] = row["cpp"]["median_ms"] / row["python"]["median_ms"]
+        row["same_logits"] = bool(torch.equal(logits["python"], logits["cpp"]))
+        cases.append(row)
+    return {"env": environment(), "repeats": repeats, "decode": cases}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/host_time.json"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("host_time: no CUDA device (this measures the cuda platform's replay)")
+    result = measure(args.batches, args.repeats)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["decode"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
