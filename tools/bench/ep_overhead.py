@@ -53,7 +53,7 @@ def _ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
 
 
 def measure(cfg: Any, batches: tuple[int, ...], platform: str, repeats: int, context: int) -> dict:
-    from dsgraph.runtime.dummy_weights import random_serving_weights
+    from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
     from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
     from dsgraph.tools.bench.steps import decode_step
 

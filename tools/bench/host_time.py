@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dsgraph.runtime.dummy_weights import random_serving_weights
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
 from dsgraph.tools.bench.model_config import bench_config
 from dsgraph.tools.bench.run import environment
