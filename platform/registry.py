@@ -232,6 +232,14 @@ def host_table_min_bytes(name: str, device: torch.device | str, min_bytes: int |
     return placement.host_min_bytes(min_bytes)
 
 
+def is_host_table(name: str) -> bool:
+    """Whether weight `name` is one the cuda platform may keep in host memory (an Engram table or its
+    scales): such tables are shared between the rank processes of a node."""
+    from dsgraph.platform.cuda.placement import is_host_table as host_table
+
+    return host_table(name)
+
+
 def pin_host(t: torch.Tensor) -> torch.Tensor:
     """`t` in page-locked host memory (where the cuda platform reads a host-resident table)."""
     from dsgraph.platform.cuda.placement import pin_in_place

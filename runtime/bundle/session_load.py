@@ -21,7 +21,7 @@ def open_for_engine(config: Any, model_dir: Path, ep: int = 1) -> Bundle:
 
 
 def load_session(cls: Any, path: str | Path, model_dir: str | Path | None, config: Any) -> Any:
-    from dsgraph.platform.cuda.execute import resolve_device
+    from dsgraph.platform.registry import resolve_device
     from dsgraph.runtime.checkpoint_load import cache_sizes, load_model_dir
 
     bundle = open_bundle(path)

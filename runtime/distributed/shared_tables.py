@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dsgraph.platform.cuda.placement import is_host_table
+from dsgraph.platform.registry import is_host_table
 
 SHM = Path("/dev/shm")
 CHUNK = 1 << 26

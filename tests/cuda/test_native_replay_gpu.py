@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.runtime import _native
-from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.runtime.sampler import Sampler
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.session import CacheSizes, Session

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.models.deepseek_v41.engram_map import build_token_map, load_tokenizer
 from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
@@ -18,7 +19,6 @@ from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.platform.cuda.runner import native_key
 from dsgraph.platform.cuda.target import DEFAULTS
 from dsgraph.runtime import _native
-from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
 from tests.oracle import model_fixtures as fx
