@@ -7,10 +7,10 @@ that prepares the next step, for N + (expected accepted drafts) tokens; without 
 per-position conditional acceptance rates realised so far (an exponential moving average per draft
 position; positions not yet verified take the mean confidence of the newest drafts), the planner's best
 allocation with the draft pass as the cost of drafting (`plan_verification(..., draft_ms=...)`, which
-verifies nothing when no drafting plan beats plain decode). When drafting does not pay the draft pass is skipped (the requests go on as plain decode
-rows, whose tokens are the same by construction) for 1, 2, 4, ... up to `max_backoff` steps; after each
-pause one probe pass drafts unconditionally so that a change in acceptance is noticed, and a decision
-that pays resets the backoff.
+verifies nothing when no drafting plan beats plain decode). When drafting does not pay the draft pass
+is skipped (the requests go on as plain decode rows, whose tokens are the same by construction) for 1,
+2, 4, ... up to `max_backoff` steps; after each pause one probe pass drafts unconditionally so that a
+change in acceptance is noticed, and a decision that pays resets the backoff.
 """
 
 from __future__ import annotations
