@@ -17,10 +17,14 @@ from tests.oracle import model_fixtures as fx
 from tests.runtime.test_spec_engine import CURVE
 
 PROMPTS = [fx.prompt(960 + i, n) for i, n in enumerate([3, 11, 6, 17])]
-# fixed cost and drafting every step: exact sampling's plans (and so its tokens) follow no timing
+# The confidence planner's curve is corrected from measured step times, so its plans (and with them a
+# sampled request's tokens under exact verification, and the draft counts) follow timing, with overlap
+# or without. The fixed schedule, drafting every step, makes every plan timing-free: there everything
+# is compared; under the confidence schedule greedy tokens are (they never depend on the plan).
 BASE: dict[str, Any] = dict(
     max_model_len=96,
     speculative="dspark",
+    verify_schedule="fixed",
     throughput_curve=CURVE,
     draft_cost=((1, 2, 4, 8), (0.5, 0.5, 0.5, 0.5)),
     draft_pause=False,
@@ -56,9 +60,18 @@ def test_greedy_and_seeded_equal_the_plain_drafting_engine(llms) -> None:  # typ
     _assert_nothing_held(llms["on"].engine)
 
 
+def test_confidence_schedule_greedy_equals_plain(model_dir) -> None:  # type: ignore[no-untyped-def]
+    greedy = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    kw = {**BASE, "verify_schedule": "confidence"}
+    got = {ov: _outputs(LLM(model_dir, overlap=ov, **kw), greedy) for ov in ("off", "on")}
+    assert [g[:3] for g in got["on"]] == [g[:3] for g in got["off"]]
+
+
 def test_deterministic_seeded_equals_plain(model_dir) -> None:  # type: ignore[no-untyped-def]
     seeded = [SamplingParams(temperature=1.0, seed=50 + i, max_tokens=7, ignore_eos=True) for i in range(4)]
-    got = {ov: _outputs(LLM(model_dir, overlap=ov, deterministic=True, **BASE), seeded) for ov in ("off", "on")}
+    got = {
+        ov: _outputs(LLM(model_dir, overlap=ov, deterministic=True, **BASE), seeded) for ov in ("off", "on")
+    }
     assert got["on"] == got["off"]
 
 
