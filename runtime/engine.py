@@ -1,8 +1,8 @@
-"""The engine loop: C++ scheduler -> Session (model step) -> sampler -> scheduler update, one step
-per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs. With
-DSpark speculative decoding on, the sampler step verifies drafts and the drafter runs before the update
-(runtime/spec_engine.py). With overlap on, the next step is planned and launched before this one's
-tokens reach the host (zero-overhead scheduling, runtime/engine_overlap.py)."""
+"""The engine loop: C++ scheduler -> ModelRunner (model step, sampling or DSpark verification and
+drafting; runtime/model_runner.py) -> scheduler update, one step per `step()` call. The engine keeps the
+requests: per-request sampling params, detokenization, stop strings, logprobs and events. With overlap
+on, the next step is launched before this one's tokens reach the host (zero-overhead scheduling,
+runtime/engine_overlap.py), or with drafting on before this one's commit work (runtime/spec_overlap.py)."""
 
 from __future__ import annotations
 
