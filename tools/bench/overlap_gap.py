@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-BATCHES = (1, 8)
-MAX_TOKENS = 24
+BATCHES = (1, 4)
+MAX_TOKENS = 16
 
 
 def _prompts(batch: int, vocab: int) -> list[list[int]]:
