@@ -224,7 +224,9 @@ class SpecDecoder:
             drafted.append((k, info))
         if todo and self.pause is not None and not self.pause.decide(len(todo)):
             todo, drafted = [], []  # paused: the requests go on as plain decode rows
-        self.next_draft_depth_ms = self.cost.by_depth(len(todo)) if todo else []
+        # a probe's drafts measure the acceptance: the planner verifies them as paid for
+        probe = self.pause is not None and self.pause.last_probe
+        self.next_draft_depth_ms = self.cost.by_depth(len(todo)) if todo and not probe else []
         if todo:
             start_time = time.perf_counter()
             out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised

@@ -125,6 +125,7 @@ class DraftPause:
         self.seed = np.ones(nextn)  # mean confidences of the newest drafts (optimistic before any)
         self.backoff, self.skip_left, self.probe = 1, 0, False
         self.paused_steps = self.probes = 0
+        self.last_probe = False  # whether the last decision was a probe (its drafts are verified)
 
     def observe(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
         """One verify step: drafts verified and accepted per sequence. Position j is reached when the
@@ -165,6 +166,7 @@ class DraftPause:
 
     def decide(self, seqs: int) -> bool:
         """Whether to run the draft pass for `seqs` sequences going on to the next step."""
+        self.last_probe = False
         if self.skip_left > 0:
             self.skip_left -= 1
             self.paused_steps += 1
@@ -173,6 +175,7 @@ class DraftPause:
         if self.probe:
             self.probe = False
             self.probes += 1
+            self.last_probe = True
             return True
         with_drafts, without = self.rates(seqs)
         if with_drafts > without:
