@@ -1,13 +1,12 @@
-"""The engine loop: C++ scheduler -> Session (model step) -> sampler -> scheduler update, one step
-per `step()` call, with per-request sampling params, detokenization, stop strings and logprobs. With
-DSpark speculative decoding on, the sampler step verifies drafts and the drafter runs before the update
-(runtime/spec_engine.py). With overlap on, the next step is planned and launched before this one's
-tokens reach the host (zero-overhead scheduling, runtime/engine_overlap.py)."""
+"""The engine loop: C++ scheduler -> ModelRunner (model step, sampling or DSpark verification and
+drafting; runtime/model_runner.py) -> scheduler update, one step per `step()` call. The engine keeps the
+requests: per-request sampling params, detokenization, stop strings, logprobs and events. With overlap
+on, the next step is launched before this one's tokens reach the host (zero-overhead scheduling,
+runtime/engine_overlap.py), or with drafting on before this one's commit work (runtime/spec_overlap.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,18 +22,19 @@ from dsgraph.runtime.bundle.session_load import open_for_engine
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_config import EngineConfig
-from dsgraph.runtime.engine_overlap import OverlapLoop, resolve_overlap
+from dsgraph.runtime.engine_overlap import OverlapLoop, SpecOverlap, resolve_overlap
 from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.kvstore.pd_engines import admit_handoff, export_handoff, pd_state
 from dsgraph.runtime.kvstore.prefix_import import store_import_for
+from dsgraph.runtime.model_runner import ModelRunner, StepOutput
 from dsgraph.runtime.prefill_truncation import PrefillTruncation
-from dsgraph.runtime.prompt_logprobs import PromptEntry, mask_rows, min_tokens_mask, prompt_entries
-from dsgraph.runtime.row_checks import row_causes
+from dsgraph.runtime.prompt_logprobs import PromptEntry
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
-from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan, model_inputs
+from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan
+from dsgraph.runtime.seq_info import SeqInfo
 from dsgraph.runtime.session import CacheSizes, Session
-from dsgraph.runtime.spec_engine import SeqInfo, SpecDecoder, Verified
+from dsgraph.runtime.spec_engine import SpecDecoder
 from dsgraph.runtime.spec_setup import SpecSetup, setup_spec
 from dsgraph.runtime.structured.state import StructuredState
 
@@ -64,17 +64,6 @@ class _Live:
     @property
     def text(self) -> str:
         return self.detok.text[: self.emitted]
-
-
-@dataclass(frozen=True)
-class _Released:
-    """Stands in for a request released while still in the step's plan: its sample is discarded."""
-
-    params: SamplingParams = SamplingParams(temperature=0.0)
-    seed: int = 0
-
-
-_RELEASED = _Released()
 
 
 @dataclass(frozen=True)
@@ -145,6 +134,17 @@ class Engine:
         self.structured = StructuredState(self.tokenizer, cfg.text.vocab_size, [cfg.eos_token_id])
         if self.spec is not None:
             self.spec.structured = self.structured
+        self.live: dict[int, _Live] = {}
+        self.runner = ModelRunner(
+            self.session,
+            self.sampler,
+            requests=self.live,
+            seq_info=self._seq_info,
+            eos_id=cfg.eos_token_id,
+            truncation=self.truncation,
+            structured=self.structured,
+            spec=self.spec,
+        )
         self.scheduler = Scheduler(
             SchedulerConfig.for_model(
                 self.model,
@@ -162,8 +162,7 @@ class Engine:
         overlap = (config.engine_type == "normal" and resolve_overlap(config, spec.enabled)) or (
             config.engine_type == "prompt" and config.overlap == "on"
         )
-        self.overlap = OverlapLoop(self) if overlap else None
-        self.live: dict[int, _Live] = {}
+        self.overlap = (SpecOverlap(self) if spec.enabled else OverlapLoop(self)) if overlap else None
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
         self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
@@ -282,52 +281,6 @@ class Engine:
             or bool(self.store_import and self.store_import.pending)
         )
 
-    def _prompt_rows(self, plan) -> tuple[list[int], list[tuple[int, int]]]:  # type: ignore[no-untyped-def]
-        """Rows whose logits give a prompt logprob: (row, (request, prompt position it predicts))."""
-        rows: list[int] = []
-        meta: list[tuple[int, int]] = []
-        if all(lv.params.prompt_logprobs is None for lv in self.live.values()):
-            return rows, meta  # the common case: no per-row Python work on the step path
-        seq_ids, positions, seq_rids = plan.seq_ids, plan.positions, plan.seq_rids
-        for t in range(plan.num_tokens):
-            rid = int(seq_rids[seq_ids[t]])
-            live = self.live.get(rid)
-            wanted = live is not None and live.params.prompt_logprobs is not None
-            if wanted and positions[t] + 1 < len(live.prompt):
-                rows.append(t)
-                meta.append((rid, int(positions[t]) + 1))
-        return rows, meta
-
-    def _run(self, plan, fix: InputFix | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-        """The model step; logits of the sampled rows (prompt logprobs are recorded on the way). `fix`:
-        inputs taken from the previous step's device samples (overlapped scheduling)."""
-        inputs = model_inputs(plan)
-        rows, meta = self._prompt_rows(plan)
-        masked = self._min_tokens_rows(plan)
-        if not rows:
-            return mask_rows(self.session.run(self._truncate(plan, inputs), fix), masked)
-        n = len(plan.sample_rows)
-        inputs = {
-            **inputs,
-            "sample_rows": np.concatenate([np.asarray(plan.sample_rows), rows]).astype(np.int32),
-        }
-        logits = self.session.run(self._truncate(plan, inputs), fix)
-        tokens = [self.live[rid].prompt[pos] for rid, pos in meta]
-        ks = [self.live[rid].params.prompt_logprobs or 0 for rid, _ in meta]
-        for (rid, pos), entry in zip(meta, prompt_entries(logits[n:], tokens, ks), strict=True):
-            self.live[rid].prompt_logprobs[pos] = entry
-        return mask_rows(logits[:n], masked)
-
-    def _truncate(self, plan, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
-        """The step's inputs with prefill truncation applied (unchanged with it off or nothing to cut)."""
-        return inputs if self.truncation is None else self.truncation.apply(plan, inputs, self.live)
-
-    def _min_tokens_rows(self, plan) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
-        """(sample row, token id) to mask for `min_tokens` (empty in the common case: no Python work)."""
-        if all(lv.params.min_tokens == 0 for lv in self.live.values()):
-            return []
-        return min_tokens_mask(plan, self.live, self.cfg.eos_token_id)
-
     def step(self) -> list[TokenEvent]:
         """One model step; returns the tokens it produced (one event per sampled request).
 
@@ -368,19 +321,25 @@ class Engine:
             return []
         self._count_cached(plan)
         try:
-            start = time.perf_counter()
-            logits = self._run(plan, fix)
-            if self.spec is None:
-                s, num_emitted, drafts = self._sample(plan, logits), None, None
-                causes = row_causes(logits, s.tokens, self.cfg.text.vocab_size)
-                failed = self._fail_rows(plan.sample_rids, causes, s.tokens)
-            else:
-                forward_ms = (time.perf_counter() - start) * 1e3
-                s, num_emitted, drafts, failed = self._verify_and_draft(plan, logits, forward_ms)
+            out = self.runner.wait(self.runner.submit(plan, fix))
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return self._fail_plan(plan, exc)
-        events, self._plan = self.scheduler.advance(s.tokens.numpy(), num_emitted, drafts)
-        return failed + self._token_events(plan, s, events, num_emitted)
+        failed = self._take(out)
+        events, self._plan = self.scheduler.advance(out.samples.tokens.numpy(), out.num_emitted, out.drafts)
+        return failed + self._token_events(plan, out.samples, events, out.num_emitted)
+
+    def _take(self, out: StepOutput) -> list[TokenEvent]:
+        """Record a step output's prompt logprobs and draft statistics, fail the requests of its invalid
+        rows alone (their events are returned) and hand the next plan its draft-pass cost."""
+        for rid, pos, entry in out.prompt:
+            self.live[rid].prompt_logprobs[pos] = entry
+        for rid, verified, accepted in out.verified:
+            if rid in self.live:
+                self.live[rid].num_draft_tokens += verified
+                self.live[rid].num_accepted_tokens += accepted
+        if self.spec is not None:  # the next plan weighs its draft pass
+            self.scheduler.native.draft_depth_ms = self.runner.draft_depth_ms
+        return self._fail_rows(out.plan.sample_rids, out.bad_rows, out.samples.tokens)
 
     def _fail_rows(self, rids, causes: dict[int, str], tokens: torch.Tensor) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """Fail alone each request with an invalid sample row (runtime/row_checks.py, `rids`: the
@@ -406,41 +365,6 @@ class Engine:
             except Exception as exc:  # one request's post-processing failed: only it ends
                 out.append(self._fail(e.rid, exc))
         return out
-
-    def _sample(self, plan, logits: torch.Tensor, to_host: bool = True) -> Samples:  # type: ignore[no-untyped-def]
-        # a released abort may sit in the plan
-        live = [self.live.get(int(r), _RELEASED) for r in plan.sample_rids]
-        rows = torch.from_numpy(np.array(plan.sample_rows)).long()
-        positions = torch.from_numpy(np.array(plan.positions))[rows]
-        params, seeds = [lv.params for lv in live], [lv.seed for lv in live]
-        allowed = self.structured.decode_mask(plan.sample_rids)
-        s = self.sampler.sample(logits, params, seeds, positions + 1, to_host=to_host, allowed=allowed)
-        if allowed is not None and to_host and bool((s.tokens < 0).any()):  # fails the step, not the engine
-            raise RuntimeError("a structured_outputs grammar allowed no token of the vocabulary")
-        return _force(s, logits, live) if to_host else s  # overlapped steps force nothing (engine_overlap)
-
-    def _verify_and_draft(
-        self, plan: StepPlan, logits: torch.Tensor, forward_ms: float
-    ) -> tuple[Samples, np.ndarray, tuple[np.ndarray, ...], list[TokenEvent]]:
-        """Verify the plan's drafts, record the statistics, draft for continuing requests; the measured
-        forward time corrects the throughput curve (a step larger than the curve is not a sample of it).
-        A sequence with an invalid row fails alone before drafting (its events are returned last)."""
-        assert self.spec is not None
-        seqs = [self._seq_info(int(rid)) for rid in plan.seq_rids[: plan.num_seqs]]
-        v: Verified = self.spec.verify(plan, logits, seqs)
-        failed = self._fail_rows(plan.sample_rids, self.spec.invalid_rows(plan, logits, v), v.samples.tokens)
-        if failed:  # a failed request is not drafted for
-            seqs = [self._seq_info(int(rid)) for rid in plan.seq_rids[: plan.num_seqs]]
-        curve = self.spec.scheduler.curve
-        if curve is not None and plan.num_tokens <= curve.largest:
-            curve.observe(plan.num_tokens, forward_ms)
-        for rid, verified, accepted in self.spec.record(plan, v, self.spec.confidence):
-            if rid in self.live:
-                self.live[rid].num_draft_tokens += verified
-                self.live[rid].num_accepted_tokens += accepted
-        drafts = self.spec.draft(plan, v, seqs)
-        self.scheduler.native.draft_ms = self.spec.next_draft_ms  # the next plan weighs its draft pass
-        return v.samples, v.num_emitted, drafts, failed
 
     def _seq_info(self, rid: int) -> SeqInfo | None:
         live = self.live.get(rid)
@@ -578,23 +502,3 @@ def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, l
         m = min(n, 1) if num_emitted is None else int(num_emitted[k])
         out.setdefault(int(plan.seq_rids[k]), []).extend(range(a, a + m))
     return out
-
-
-def _force(s: Samples, logits: torch.Tensor, live: list[_Live | _Released]) -> Samples:
-    """Teacher forcing: a row whose request has golden tokens left emits the next one instead of its
-    sample, before the scheduler sees it (so stop conditions and caches follow the forced token). Its
-    logprob is that token's under the model's raw distribution; the top list stays the sampler's."""
-    forced = [
-        (i, lv.params.golden_token_ids[len(lv.tokens)])
-        for i, lv in enumerate(live)
-        if isinstance(lv, _Live) and len(lv.tokens) < len(lv.params.golden_token_ids)
-    ]
-    if not forced:
-        return s
-    rows = torch.tensor([i for i, _ in forced], dtype=torch.long)
-    ids = torch.tensor([t for _, t in forced], dtype=torch.long)
-    tokens, logprobs = s.tokens.clone(), s.logprobs.clone()
-    tokens[rows] = ids.to(tokens.dtype)
-    lp = torch.log_softmax(logits[rows.to(logits.device)].float(), -1).cpu()  # the samples are on the host
-    logprobs[rows] = lp[torch.arange(len(forced)), ids].to(logprobs.dtype)
-    return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)

@@ -52,8 +52,10 @@ class EngineConfig:
     throughput_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     # draft_pause: skip the draft pass while the realised acceptance does not pay for it, re-probing
     # with exponential backoff (runtime/spec_pause.py; needs a curve, i.e. not in fixed mode without
-    # one). draft_cost: (sequence counts, draft pass ms) given explicitly and used as is; None profiles
-    # the draft pass with the curve (when the curve is profiled) and corrects it from measured passes.
+    # one). draft_cost: (sequence counts, draft pass ms, one time or one per draft depth) given
+    # explicitly and used as is; None profiles the draft pass with the curve (when the curve is
+    # profiled) and corrects it from measured passes, or takes it as free beside a given
+    # throughput_curve. The planner charges it to every plan that verifies drafts.
     draft_pause: bool = True
     draft_cost: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     # Zero-overhead scheduling (runtime/engine_overlap.py): the host commits step N, detokenizes and plans

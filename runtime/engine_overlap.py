@@ -17,9 +17,11 @@ last step. A request added between calls joins the plan made by the next call, t
 Steps with prompt-logprob rows or teacher-forced tokens (`golden_token_ids`) run without overlap: the
 step in flight is resolved first (a second native call), then the step runs, is sampled, read and
 committed as in `Engine._plain_step`. A row whose logits hold NaN/+inf or whose sampled id is outside
-the vocabulary fails its request alone, as in plain steps (runtime/row_checks.py). DSpark verify and
-draft steps are never overlapped (overlap is off with drafting on). Prefill chunks overlap like decode
-rows: their tokens are known on the host.
+the vocabulary fails its request alone, as in plain steps (runtime/row_checks.py). With DSpark
+drafting on, `SpecOverlap` (runtime/spec_overlap.py) overlaps differently: a verify step's rows depend
+on the drafts of the step before, so it plans each step after the one before it is verified and
+drafted, and overlaps the host's commit work instead. Prefill chunks overlap like decode rows: their
+tokens are known on the host.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ import numpy as np
 import torch
 
 from dsgraph.runtime.input_fix import InputFix
-from dsgraph.runtime.row_checks import mark_invalid, marked_causes
+from dsgraph.runtime.row_checks import marked_causes
 from dsgraph.runtime.sampler import PendingSamples, SampleCopies, Samples
+from dsgraph.runtime.spec_overlap import SpecOverlap
+
+__all__ = ["Flight", "OverlapLoop", "SpecOverlap", "resolve_overlap"]
 
 if TYPE_CHECKING:
     from dsgraph.runtime.engine import Engine, EngineConfig, TokenEvent
@@ -40,14 +45,10 @@ if TYPE_CHECKING:
 
 
 def resolve_overlap(config: EngineConfig, drafting: bool) -> bool:
-    """Whether the engine overlaps steps: "auto" on platform cuda without DSpark drafting."""
-    if config.overlap == "on" and drafting:
-        raise ValueError(
-            "overlap: 'on' with DSpark speculative decoding on; expected 'auto' or 'off' (verify and draft "
-            "steps need the step's tokens on the host), or speculative='off'"
-        )
+    """Whether the engine overlaps steps: "auto" on platform cuda (with DSpark drafting too: the
+    `SpecOverlap` loop of runtime/spec_overlap.py)."""
     if config.overlap == "auto":
-        return config.platform == "cuda" and not drafting
+        return config.platform == "cuda"
     return config.overlap == "on"
 
 
@@ -108,10 +109,7 @@ class OverlapLoop:
         e._count_cached(plan)
         try:
             prev = self.flight.samples if self.flight is not None else None
-            fix = InputFix.of(plan, None if prev is None else prev.tokens)
-            logits = e._run(plan, fix)
-            # a bad row's token feeds the next step on the device: replaced there (row_checks.py)
-            s = mark_invalid(logits, e._sample(plan, logits, to_host=False), e.cfg.text.vocab_size)
+            s = e.runner.launch_sampled(plan, InputFix.of(plan, None if prev is None else prev.tokens))
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
             return Flight(plan), e._fail_requests(plan, exc)
         return Flight(plan, s, self.copies.start(s)), []
@@ -126,7 +124,7 @@ class OverlapLoop:
         inputs, the min_tokens mask counts the tokens so far, and a grammar's mask needs the previous token:
         such steps run without overlap."""
         e = self.engine
-        if e._prompt_rows(plan)[0] or e._min_tokens_rows(plan):
+        if e.runner.prompt_rows(plan)[0] or e.runner.min_tokens_rows(plan):
             return True
         for rid in plan.sample_rids.tolist():
             live = e.live.get(rid)

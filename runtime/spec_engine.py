@@ -48,6 +48,7 @@ from dsgraph.runtime.row_checks import row_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.scheduler import StepPlan
+from dsgraph.runtime.seq_info import RELEASED, SeqInfo, force_rows
 from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import VerifyScheduler
@@ -57,17 +58,6 @@ __all__ = ["DraftHook", "SeqInfo", "SpecDecoder", "Verified"]
 
 # (rid, position of the anchor, drafts, confidences) -> replacement (drafts, confidences) or None
 DraftHook = Callable[[int, int, list[int], list[float]], tuple[list[int], list[float]] | None]
-
-
-@dataclass(frozen=True)
-class SeqInfo:
-    """What the decoder needs of one sequence's request (None fields: released, its rows are dropped)."""
-
-    rid: int
-    params: SamplingParams
-    seed: int
-    forced: int | None  # a golden (teacher-forced) token to emit instead of verifying
-    continues: Callable[[list[int]], bool]  # whether the request goes on after emitting these tokens
 
 
 @dataclass(frozen=True)
@@ -101,17 +91,17 @@ class SpecDecoder:
         self.pause: DraftPause | None = None  # None: draft every step (draft_pause off, or no curve)
         self.draft_passes = 0
         self.structured: StructuredState | None = None  # the engine's grammars (constrained requests)
-        # the draft pass expected after the next step (ms; 0 when this step drafted nothing): the
-        # confidence planner adds it to every candidate step's time (Scheduler.draft_ms)
-        self.next_draft_ms = 0.0
+        # the draft pass expected after the next step, by draft depth (ms; empty when this step drafted
+        # nothing): the confidence planner charges it to every plan that verifies drafts
+        # (Scheduler.draft_depth_ms)
+        self.next_draft_depth_ms: list[float] = []
 
     def verify(self, plan: StepPlan, logits: torch.Tensor, seqs: Sequence[SeqInfo | None]) -> Verified:
         """Decide every sample row of the plan; `seqs[s]` describes plan sequence s."""
         rows = np.asarray(plan.sample_rows, dtype=np.int64)
         start, length = np.asarray(plan.verify_start), np.asarray(plan.verify_len)
         row_seq = np.repeat(np.arange(len(length)), length)
-        released = SeqInfo(-1, SamplingParams(temperature=0.0), 0, None, lambda _: False)
-        info = [seqs[s] or released for s in row_seq.tolist()]
+        info = [seqs[s] or RELEASED for s in row_seq.tolist()]
         params, seeds = [i.params for i in info], [i.seed for i in info]
         positions = torch.from_numpy(np.asarray(plan.positions)[rows] + 1)
         tokens = np.asarray(plan.token_ids)
@@ -193,12 +183,14 @@ class SpecDecoder:
         logprobs: torch.Tensor,
     ) -> None:
         """Teacher forcing: a sequence with a golden token left emits it alone (no draft accepted)."""
+        rows, ids = [], []
         for k, info in enumerate(seqs):
             if info is None or info.forced is None or num_emitted[k] == 0:
                 continue
-            row = int(start[k])
-            num_emitted[k], accepted[k], emitted[row] = 1, 0, info.forced
-            logprobs[row] = float(torch.log_softmax(logits[row].float(), -1)[info.forced])  # to the host
+            num_emitted[k], accepted[k] = 1, 0
+            rows.append(int(start[k]))
+            ids.append(info.forced)
+        force_rows(logits, rows, ids, torch.from_numpy(emitted), logprobs)
 
     def draft(self, plan: StepPlan, v: Verified, seqs: Sequence[SeqInfo | None]) -> tuple[np.ndarray, ...]:
         """Drafts for every sequence that emitted tokens and goes on: (tokens [seqs, nextn] i32, lengths
@@ -231,7 +223,9 @@ class SpecDecoder:
             drafted.append((k, info))
         if todo and self.pause is not None and not self.pause.decide(len(todo)):
             todo, drafted = [], []  # paused: the requests go on as plain decode rows
-        self.next_draft_ms = (self.cost.predict(len(todo)) or 0.0) if todo else 0.0
+        # a probe's drafts measure the acceptance: the planner verifies them as paid for
+        probe = self.pause is not None and self.pause.last_probe
+        self.next_draft_depth_ms = self.cost.by_depth(len(todo)) if todo and not probe else []
         if todo:
             start_time = time.perf_counter()
             out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised

@@ -6,29 +6,30 @@ that prepares the next step, for N + (expected accepted drafts) tokens; without 
 `curve(N)` for N tokens. `DraftPause.decide` compares the two rates each step from the global
 per-position conditional acceptance rates realised so far (an exponential moving average per draft
 position; positions not yet verified take the mean confidence of the newest drafts), the planner's best
-allocation with the draft pass as its fixed cost (`plan_verification(..., fixed_ms=draft_ms)`), and the
-draft cost. When drafting does not pay the draft pass is skipped (the requests go on as plain decode
-rows, whose tokens are the same by construction) for 1, 2, 4, ... up to `max_backoff` steps; after each
-pause one probe pass drafts unconditionally so that a change in acceptance is noticed, and a decision
-that pays resets the backoff.
+allocation with the draft pass as the cost of drafting (`plan_verification(..., draft_ms=...)`, which
+verifies nothing when no drafting plan beats plain decode). When drafting does not pay the draft pass
+is skipped (the requests go on as plain decode rows, whose tokens are the same by construction) for 1,
+2, 4, ... up to `max_backoff` steps; after each pause one probe pass drafts unconditionally so that a
+change in acceptance is noticed, and a decision that pays resets the backoff.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from dsgraph.runtime.spec_schedule import ThroughputCurve, plan_verification
+from dsgraph.runtime.spec_schedule import ThroughputCurve, plan_rate, plan_verification
 from dsgraph.runtime.step_padding import bucket_size
 
 __all__ = ["DraftCost", "DraftPause", "PauseConfig", "check_draft_cost"]
 
 
 def check_draft_cost(cost: object) -> None:
-    """ValueError naming the field unless `cost` is (seq counts, ms) of equal, non-zero length."""
+    """ValueError naming the field unless `cost` is (seq counts, ms) of equal, non-zero length; an ms
+    entry is one time, or a non-empty sequence of times by draft depth (1, 2, ...)."""
     ok = isinstance(cost, tuple | list) and len(cost) == 2 and len(cost[0]) == len(cost[1]) and cost[0]
     if not ok:
         raise ValueError(
@@ -37,30 +38,61 @@ def check_draft_cost(cost: object) -> None:
     for n, ms in zip(*cost, strict=True):  # type: ignore[misc]
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"draft_cost: sequence count {n!r}, expected an integer >= 1")
-        if not isinstance(ms, int | float) or not math.isfinite(ms) or ms < 0:
-            raise ValueError(f"draft_cost: draft time {ms!r} for {n} sequences, expected finite ms >= 0")
+        times = ms if isinstance(ms, tuple | list) else (ms,)
+        bad = [t for t in times if not isinstance(t, int | float) or not math.isfinite(t) or t < 0]
+        if not times or bad:
+            raise ValueError(
+                f"draft_cost: draft time {ms!r} for {n} sequences, expected finite ms >= 0 (one, or one "
+                "per draft depth)"
+            )
 
 
 class DraftCost:
-    """Draft pass time (ms) per bucket of sequences (the drafter pads to the next power of two).
+    """Draft pass time (ms) per bucket of sequences (the drafter pads to the next power of two), by
+    draft depth where a point gives one time per depth (a DSpark pass drafts its whole block at once:
+    one time covers every depth).
 
-    `given` points are used as they are (a benchmark's numbers, or tests); otherwise the profiled
-    points seed the table and every measured pass moves its bucket's estimate by `alpha` toward it (the
-    first measurement of an unprofiled bucket replaces nothing). A bucket without an estimate takes the
-    nearest larger known one, else the largest known; None when nothing is known yet."""
+    `ms` holds the full-depth pass per bucket, `shape` the shallower depths as fractions of it. `given`
+    points are used as they are (a benchmark's numbers, or tests); otherwise the profiled points seed
+    the table and every measured pass (a full-depth pass) moves its bucket's estimate by `alpha` toward
+    it (the first measurement of an unprofiled bucket replaces nothing). A bucket without an estimate
+    takes the nearest larger known one, else the largest known; None when nothing is known yet."""
 
-    def __init__(self, points: dict[int, float] | None = None, *, fixed: bool = False, alpha: float = 0.2):
+    def __init__(
+        self,
+        points: Mapping[int, float | Sequence[float]] | None = None,
+        *,
+        fixed: bool = False,
+        alpha: float = 0.2,
+    ):
         if not 0 < alpha <= 1:
             raise ValueError(f"DraftCost.alpha = {alpha}, expected a value in (0, 1]")
-        self.ms = {bucket_size(n): float(t) for n, t in (points or {}).items()}
+        self.ms: dict[int, float] = {}
+        self.shape: dict[int, list[float]] = {}
+        for n, t in (points or {}).items():
+            depths = [float(x) for x in t] if isinstance(t, tuple | list) else [float(t)]
+            b = bucket_size(n)
+            self.ms[b] = depths[-1]
+            self.shape[b] = [x / depths[-1] if depths[-1] > 0 else 1.0 for x in depths]
         self.fixed, self.alpha = fixed, alpha
 
-    def predict(self, seqs: int) -> float | None:
+    def _bucket(self, seqs: int) -> int | None:
         if not self.ms:
             return None
         b = bucket_size(seqs)
         larger = [k for k in sorted(self.ms) if k >= b]
-        return self.ms[larger[0] if larger else max(self.ms)]
+        return larger[0] if larger else max(self.ms)
+
+    def predict(self, seqs: int) -> float | None:
+        """The full-depth pass for `seqs` sequences (None: nothing known)."""
+        b = self._bucket(seqs)
+        return None if b is None else self.ms[b]
+
+    def by_depth(self, seqs: int) -> list[float]:
+        """The pass for `seqs` sequences by depth 1, 2, ... (the planner's `draft_ms`); empty when
+        nothing is known yet (drafting is then assumed free: its first pass measures it)."""
+        b = self._bucket(seqs)
+        return [] if b is None else [self.ms[b] * f for f in self.shape.get(b, [1.0])]
 
     def observe(self, seqs: int, measured_ms: float) -> None:
         if self.fixed or not math.isfinite(measured_ms) or measured_ms < 0:
@@ -93,6 +125,7 @@ class DraftPause:
         self.seed = np.ones(nextn)  # mean confidences of the newest drafts (optimistic before any)
         self.backoff, self.skip_left, self.probe = 1, 0, False
         self.paused_steps = self.probes = 0
+        self.last_probe = False  # whether the last decision was a probe (its drafts are verified)
 
     def observe(self, verified: Sequence[int], accepted: Sequence[int]) -> None:
         """One verify step: drafts verified and accepted per sequence. Position j is reached when the
@@ -120,15 +153,20 @@ class DraftPause:
         return np.where(np.isnan(self.rate), self.seed, self.rate)
 
     def rates(self, seqs: int) -> tuple[float, float]:
-        """Predicted tokens per ms (with drafting, without) for `seqs` decode sequences."""
-        draft_ms = self.cost.predict(seqs) or 0.0  # unknown cost: assume free, the pass measures it
+        """Predicted tokens per ms (drafting every step, without drafting) for `seqs` decode sequences.
+        Drafting's rate is its best plan's (`plan_verification` charges the draft pass to plans that
+        verify drafts); when that plan verifies nothing, drafting would pay the pass for no draft."""
         n = min(seqs, self.curve.largest)
         conf = np.tile(self.estimate(), (n, 1))
-        plan = plan_verification(conf, self.curve, n * self.nextn, fixed_ms=draft_ms)
-        return plan.expected_tokens / (plan.step_ms + draft_ms), n / self.curve.predict(n)
+        plan = plan_verification(conf, self.curve, n * self.nextn, draft_ms=self.cost.by_depth(seqs))
+        without = n / self.curve.predict(n)
+        if plan.total_drafts == 0:
+            return n / (self.curve.predict(n) + (self.cost.predict(seqs) or 0.0)), without
+        return plan_rate(plan), without
 
     def decide(self, seqs: int) -> bool:
         """Whether to run the draft pass for `seqs` sequences going on to the next step."""
+        self.last_probe = False
         if self.skip_left > 0:
             self.skip_left -= 1
             self.paused_steps += 1
@@ -137,6 +175,7 @@ class DraftPause:
         if self.probe:
             self.probe = False
             self.probes += 1
+            self.last_probe = True
             return True
         with_drafts, without = self.rates(seqs)
         if with_drafts > without:

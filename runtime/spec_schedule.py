@@ -46,6 +46,7 @@ __all__ = [
     "load_or_profile_curve",
     "make_curve",
     "plan_fixed",
+    "plan_rate",
     "plan_verification",
     "profile_curve",
     "save_curve",
@@ -243,13 +244,23 @@ def plan_verification(
     *,
     other_rows: int = 0,
     fixed_ms: float = 0.0,
+    draft_ms: float | Sequence[float] = (),
 ) -> VerifyPlan:
     """Confidence-scheduled plan: T <= max_total drafts and N + other_rows + T <= curve.largest rows;
     `other_rows` (prefill chunks in the same step) cost time and emit nothing counted here; `fixed_ms`
-    (the draft pass that follows the step) is added to every candidate's predicted time (not to
-    `step_ms`)."""
+    is added to every candidate's predicted time (not to `step_ms`). `draft_ms`: the draft pass that
+    drafting costs per step (one value, or one per draft depth 1, 2, ...), paid only by a plan that
+    verifies drafts (`VerifyPlan.draft_ms`), so the plan verifies nothing when no drafting plan beats
+    N / curve(N + other_rows)."""
     values, lengths = as_confidences(conf)
-    return _native.plan_verification(values, lengths, curve, max_total, other_rows, fixed_ms)
+    depths = [float(draft_ms)] if isinstance(draft_ms, int | float) else [float(x) for x in draft_ms]
+    return _native.plan_verification(values, lengths, curve, max_total, other_rows, fixed_ms, depths)
+
+
+def plan_rate(plan: VerifyPlan, fixed_ms: float = 0.0) -> float:
+    """A plan's expected tokens per ms, its draft pass included (0 for a plan with nothing to run)."""
+    total = plan.step_ms + fixed_ms + plan.draft_ms
+    return plan.expected_tokens / total if total > 0 else 0.0
 
 
 def plan_fixed(

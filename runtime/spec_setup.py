@@ -197,6 +197,10 @@ def setup_spec(
         decoder.cost = DraftCost(dict(zip(*c.draft_cost, strict=True)), fixed=True)
     elif c.throughput_curve is None and curve is not None:  # profiled with the curve, cached beside it
         decoder.cost = DraftCost(profile_drafter(engine.session, decoder, c.max_num_seqs))
+    elif c.throughput_curve is not None:
+        # a given curve has its own time scale: passes timed on this host are not in it, so without a
+        # given draft_cost the planner takes the pass as free (as before any pass is measured)
+        decoder.cost = DraftCost(fixed=True)
     if c.draft_pause and sched.curve is not None:
         decoder.pause = DraftPause(sched.curve, decoder.cost, spec.nextn)
     return decoder, sched.curve

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-PARTS = ("kernels", "model", "spec", "prefill")
+PARTS = ("kernels", "model", "spec", "prefill", "overlap")
 
 
 def _plans(quick: bool, budget_s: float):  # type: ignore[no-untyped-def]

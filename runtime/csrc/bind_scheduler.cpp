@@ -298,7 +298,10 @@ void bind_scheduler(nb::module_ &m) {
           "required when config.verify_mode is CONFIDENCE.")
         .def_prop_ro("config", &Scheduler::config)
         .def_prop_rw("draft_ms", &Scheduler::draft_ms, &Scheduler::set_draft_ms,
-                     "ms the confidence planner adds to every candidate step (the draft pass after it).");
+                     "The draft pass (ms) a drafting plan pays on top of its verify step, every depth alike "
+                     "(reads the deepest pass's cost); a plan verifying nothing pays none.")
+        .def_prop_rw("draft_depth_ms", &Scheduler::draft_depth_ms, &Scheduler::set_draft_depth_ms,
+                     "The draft pass (ms) by depth: entry D - 1 for a pass drafting D tokens per request.");
     bind_requests(c);
     bind_stats(c);
 }

@@ -92,7 +92,8 @@ void bind_planner(nb::module_ &m) {
         .def_ro("total_drafts", &VerifyPlan::total_drafts)
         .def_ro("num_rows", &VerifyPlan::num_rows, "requests + other_rows + total_drafts.")
         .def_ro("expected_tokens", &VerifyPlan::expected_tokens)
-        .def_ro("step_ms", &VerifyPlan::step_ms, "Predicted step time; 0 without a curve.");
+        .def_ro("step_ms", &VerifyPlan::step_ms, "Predicted step time; 0 without a curve.")
+        .def_ro("draft_ms", &VerifyPlan::draft_ms, "The draft pass the plan pays for (0: it drafts nothing).");
     m.def(
         "cumulative_acceptance",
         [](const ConfIn &conf, const CountsIn &lengths) {
@@ -115,14 +116,14 @@ void bind_planner(nb::module_ &m) {
     m.def(
         "plan_verification",
         [](const ConfIn &conf, const CountsIn &lengths, const ThroughputCurve &curve, int64_t max_total,
-           int64_t other_rows, double fixed_ms) {
+           int64_t other_rows, double fixed_ms, const std::vector<double> &draft_ms) {
             const DraftConfidences d = drafts_of(conf, lengths, "plan_verification");
-            return plan_verification(d, curve, max_total, other_rows, fixed_ms);
+            return plan_verification(d, curve, max_total, other_rows, fixed_ms, draft_ms);
         },
         "conf"_a.noconvert(), "lengths"_a.noconvert(), "curve"_a, "max_total"_a, "other_rows"_a = 0,
-        "fixed_ms"_a = 0.0,
-        "The total of drafts maximising expected tokens / (predicted time + fixed_ms), split by the greedy "
-        "prefix.");
+        "fixed_ms"_a = 0.0, "draft_ms"_a = std::vector<double>(),
+        "The drafts maximising expected tokens / (predicted time + fixed_ms + the draft pass by depth, paid "
+        "only by a plan that verifies drafts), split by the greedy prefix.");
     m.def(
         "plan_fixed",
         [](const ConfIn &conf, const CountsIn &lengths, int32_t draft_len, const ThroughputCurve *curve,

@@ -202,10 +202,14 @@ public:
     int64_t num_replayed_tokens() const { return num_replayed_; }
     const SlotPool &slots() const { return slots_; }
     const ThroughputCurve *curve() const { return curve_.get(); }
-    // A cost (ms) the confidence planner adds to every candidate step's predicted time: the draft pass
-    // that follows the step (the engine sets it before each advance; 0: none). Throws unless finite >= 0.
+    // The draft pass (ms) a drafting plan pays on top of its verify step, by draft depth (entry D - 1:
+    // a pass drafting D tokens per request; the last entry covers deeper passes); a plan verifying no
+    // drafts pays none (spec_schedule.h plan_verification). The engine sets it before each advance;
+    // set_draft_ms sets one cost for every depth. Throws unless every entry is finite >= 0.
     void set_draft_ms(double ms);
-    double draft_ms() const { return draft_ms_; }
+    double draft_ms() const { return draft_ms_.empty() ? 0.0 : draft_ms_.back(); }
+    void set_draft_depth_ms(std::vector<double> ms);
+    const std::vector<double> &draft_depth_ms() const { return draft_ms_; }
     // Drafts a request holds now (tests and the engine's bookkeeping).
     std::vector<int32_t> drafts_of(int64_t rid) const;
     const PrefixCache &cache() const { return cache_; }
@@ -252,7 +256,7 @@ private:
 
     SchedulerConfig config_;
     std::shared_ptr<ThroughputCurve> curve_;
-    double draft_ms_ = 0.0;
+    std::vector<double> draft_ms_;
     BucketTable buckets_;
     SlotPool slots_;
     PrefixCache cache_;

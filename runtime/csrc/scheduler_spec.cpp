@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "scheduler.h"
 
@@ -38,7 +40,7 @@ VerifyPlan Scheduler::choose_drafts(const DraftConfidences &d, int32_t budget, i
     if (!fits) {  // the mandatory rows already fill the profiled sizes: no room to verify anything
         return plan_fixed(d, 0, nullptr, budget, other_rows);
     }
-    return plan_verification(d, *curve_, budget, other_rows, draft_ms_);
+    return plan_verification(d, *curve_, budget, other_rows, 0.0, draft_ms_);
 }
 
 void Scheduler::set_draft_ms(double ms) {
@@ -46,7 +48,18 @@ void Scheduler::set_draft_ms(double ms) {
         throw std::invalid_argument("Scheduler.draft_ms = " + std::to_string(ms) +
                                     "; expected a finite draft pass time in ms >= 0");
     }
-    draft_ms_ = ms;
+    draft_ms_.assign(1, ms);
+}
+
+void Scheduler::set_draft_depth_ms(std::vector<double> ms) {
+    for (size_t k = 0; k < ms.size(); ++k) {
+        if (!(std::isfinite(ms[k]) && ms[k] >= 0.0)) {
+            throw std::invalid_argument("Scheduler.draft_depth_ms[" + std::to_string(k) +
+                                        "] = " + std::to_string(ms[k]) +
+                                        "; expected a finite draft pass time in ms >= 0");
+        }
+    }
+    draft_ms_ = std::move(ms);
 }
 
 VerifyPlan Scheduler::plan_drafts(std::vector<Chunk> &chunks, size_t num_decode, int32_t budget,

@@ -126,36 +126,77 @@ std::vector<int32_t> split_drafts(const DraftConfidences &d, int64_t total) {
     return drafts;
 }
 
-VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &curve, int64_t max_total,
-                             int64_t other_rows, double fixed_ms) {
-    if (!(std::isfinite(fixed_ms) && fixed_ms >= 0.0)) {
-        throw std::invalid_argument("plan_verification: fixed_ms = " + std::to_string(fixed_ms) +
+static void check_cost(double ms, const std::string &what) {
+    if (!(std::isfinite(ms) && ms >= 0.0)) {
+        throw std::invalid_argument("plan_verification: " + what + " = " + std::to_string(ms) +
                                     "; expected a finite cost in ms >= 0");
+    }
+}
+
+// The draft pass of depth D (1-based); the last entry covers deeper passes, none costs nothing.
+static double depth_cost(std::span<const double> draft_ms, int64_t depth) {
+    if (draft_ms.empty()) {
+        return 0.0;
+    }
+    return draft_ms[static_cast<size_t>(std::min<int64_t>(depth, static_cast<int64_t>(draft_ms.size())) - 1)];
+}
+
+VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &curve, int64_t max_total,
+                             int64_t other_rows, double fixed_ms, std::span<const double> draft_ms) {
+    check_cost(fixed_ms, "fixed_ms");
+    for (size_t k = 0; k < draft_ms.size(); ++k) {
+        check_cost(draft_ms[k], "draft_ms[" + std::to_string(k) + "]");
     }
     const std::vector<double> cum = cumulative_acceptance(d);
     const int64_t room = draft_room(d.num_requests(), other_rows, max_total, &curve, "plan_verification");
     const std::vector<int64_t> order = rank_drafts(d, cum);
-    const int64_t limit = std::min(room, static_cast<int64_t>(order.size()));
     const int64_t base_rows = d.num_requests() + other_rows;
     std::vector<int32_t> drafts(static_cast<size_t>(d.num_requests()), 0);
     if (d.num_requests() == 0) {
         return finish(d, std::move(drafts), cum, &curve, other_rows);
     }
-    double expected = static_cast<double>(d.num_requests());
-    double best_ratio = expected / (curve.predict(base_rows) + fixed_ms);
-    int64_t best_total = 0;
-    for (int64_t t = 1; t <= limit; ++t) {
-        expected += cum[static_cast<size_t>(order[static_cast<size_t>(t - 1)])];
-        const double ratio = expected / (curve.predict(base_rows + t) + fixed_ms);
-        if (ratio > best_ratio) {
-            best_ratio = ratio;
-            best_total = t;
+    const double base = static_cast<double>(d.num_requests());
+    double best_ratio = base / (curve.predict(base_rows) + fixed_ms);
+    int64_t best_total = 0, best_depth = 0;
+    // For each depth D, the greedy prefix over positions j < D is optimal for every total (the step
+    // time depends on T and D only); a depth whose pass costs the same as the next one is dominated.
+    for (int64_t depth = 1; depth <= d.nextn; ++depth) {
+        const double pass = depth_cost(draft_ms, depth);
+        if (depth < d.nextn && pass == depth_cost(draft_ms, depth + 1)) {
+            continue;
+        }
+        double expected = base;
+        int64_t t = 0;
+        for (const int64_t at : order) {
+            if (t >= room) {
+                break;
+            }
+            if (at % d.nextn >= depth) {
+                continue;
+            }
+            t += 1;
+            expected += cum[static_cast<size_t>(at)];
+            const double ratio = expected / (curve.predict(base_rows + t) + fixed_ms + pass);
+            if (ratio > best_ratio) {
+                best_ratio = ratio;
+                best_total = t;
+                best_depth = depth;
+            }
         }
     }
-    for (int64_t r = 0; r < best_total; ++r) {
-        drafts[static_cast<size_t>(order[static_cast<size_t>(r)] / d.nextn)] += 1;
+    int64_t taken = 0;
+    for (const int64_t at : order) {
+        if (taken == best_total) {
+            break;
+        }
+        if (at % d.nextn < best_depth) {
+            drafts[static_cast<size_t>(at / d.nextn)] += 1;
+            taken += 1;
+        }
     }
-    return finish(d, std::move(drafts), cum, &curve, other_rows);
+    VerifyPlan plan = finish(d, std::move(drafts), cum, &curve, other_rows);
+    plan.draft_ms = best_total > 0 ? depth_cost(draft_ms, best_depth) : 0.0;
+    return plan;
 }
 
 VerifyPlan plan_fixed(const DraftConfidences &d, int32_t draft_len, const ThroughputCurve *curve,

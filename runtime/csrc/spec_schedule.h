@@ -50,6 +50,7 @@ struct VerifyPlan {
     int64_t num_rows = 0;         // N + other_rows + T: the rows the step runs
     double expected_tokens = 0;   // N + sum of the chosen cumulative probabilities
     double step_ms = 0;           // curve.predict(num_rows); 0 without a curve or rows
+    double draft_ms = 0;          // the draft pass this plan pays for (0 when it verifies nothing)
 };
 
 // c_ij as a row-major [num_requests, nextn] vector (0 beyond a request's
@@ -64,13 +65,21 @@ std::vector<int32_t> split_drafts(const DraftConfidences &d, int64_t total);
 // The confidence-scheduled plan: T <= max_total and N + other_rows + T <=
 // curve.largest(). other_rows are rows of the same step that are not
 // verification (prefill chunks): they cost time and emit nothing counted here.
-// fixed_ms is a cost every candidate step pays on top of the curve (the draft
-// pass that follows a verify step): the ratio is expected / (predict + fixed_ms),
-// which favours larger totals as fixed_ms grows; plan.step_ms stays the curve's
-// prediction alone. Throws when max_total or other_rows is negative, fixed_ms is
-// not finite and >= 0, or the N + other_rows mandatory rows do not fit the curve.
+// fixed_ms is a cost every candidate step pays on top of the curve, the plan
+// that verifies nothing included. draft_ms is the draft pass that drafting
+// costs per step, by draft depth: draft_ms[D - 1] for a pass drafting D tokens
+// per request (an entry past the end repeats the last one; empty: drafting is
+// free). Only a plan verifying drafts pays it, since a steady state that
+// verifies nothing needs no draft pass either: so the plan verifies no drafts
+// whenever N / (predict(N + other_rows) + fixed_ms) beats every drafting plan,
+// and a drafting plan of depth D verifies at most D drafts per request. The
+// ratio is expected / (predict + fixed_ms + plan.draft_ms); plan.step_ms stays
+// the curve's prediction alone. Throws when max_total or other_rows is
+// negative, a cost is not finite and >= 0, or the N + other_rows mandatory
+// rows do not fit the curve.
 VerifyPlan plan_verification(const DraftConfidences &d, const ThroughputCurve &curve, int64_t max_total,
-                             int64_t other_rows = 0, double fixed_ms = 0.0);
+                             int64_t other_rows = 0, double fixed_ms = 0.0,
+                             std::span<const double> draft_ms = {});
 
 // Fixed-length mode: request i verifies min(draft_len, lengths[i]) drafts.
 // When that exceeds max_total (or the curve), drafts are dropped from the back

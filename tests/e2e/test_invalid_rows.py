@@ -5,6 +5,7 @@ request, the engine holds no slot or page afterwards and serves the next request
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from dsgraph.runtime.row_checks import NON_FINITE
 from dsgraph.runtime.sampler import Samples
 from dsgraph.runtime.sampling_params import SamplingParams
 from tests.e2e.test_overlap import _assert_nothing_held
+from tests.engine_faults import poison_logits, poison_samples
 from tests.oracle import model_fixtures as fx
 from tests.runtime.test_spec_engine import CURVE
 
@@ -60,32 +62,15 @@ def _bad_rows(engine: Engine, plan) -> list[int]:  # type: ignore[no-untyped-def
     return [i for i, rid in enumerate(plan.sample_rids.tolist()) if rid == BAD and rid in engine.live]
 
 
-def _poison_logits(engine: Engine, value: float) -> None:
-    run = engine._run
-
-    def bad(plan, fix=None):  # type: ignore[no-untyped-def]
-        logits = run(plan, fix)
-        for i in _bad_rows(engine, plan):
-            logits[i, 3] = value
-        return logits
-
-    engine._run = bad  # type: ignore[method-assign]
+def _poison_logits(engine: Engine, value: float) -> Callable[[], None]:
+    return poison_logits(engine, lambda plan: _bad_rows(engine, plan), 3, value)
 
 
-def _poison_tokens(engine: Engine, vocab: int) -> None:
+def _poison_tokens(engine: Engine, vocab: int) -> Callable[[], None]:
     """The bad request's sampled ids become `vocab + 5` (plain/overlap sampling, or the verified
     emission of a DSpark step)."""
     if engine.spec is None:
-        sample = engine._sample
-
-        def bad_sample(plan, logits, to_host=True):  # type: ignore[no-untyped-def]
-            s = sample(plan, logits, to_host)
-            for i in _bad_rows(engine, plan):
-                s.tokens[i] = vocab + 5
-            return s
-
-        engine._sample = bad_sample  # type: ignore[method-assign]
-        return
+        return poison_samples(engine, lambda plan: _bad_rows(engine, plan), vocab + 5)
     spec, verify = engine.spec, engine.spec.verify
 
     def bad_verify(plan, logits, seqs):  # type: ignore[no-untyped-def]
@@ -96,6 +81,7 @@ def _poison_tokens(engine: Engine, vocab: int) -> None:
         return v
 
     spec.verify = bad_verify  # type: ignore[method-assign]
+    return lambda: spec.__dict__.pop("verify", None)
 
 
 @pytest.fixture(scope="module", params=["overlap", "dspark"])
@@ -110,18 +96,15 @@ def test_a_bad_row_fails_only_its_request(engine_and_alone, fault: str) -> None:
     engine, alone = engine_and_alone
     vocab = engine.cfg.text.vocab_size
     if fault == "token":
-        _poison_tokens(engine, vocab)
+        undo = _poison_tokens(engine, vocab)
         cause = f"sampled token id{'' if engine.spec is None else f' {vocab + 5}'} is outside the vocabulary"
     else:
-        _poison_logits(engine, float("nan") if fault == "nan" else float("inf"))
+        undo = _poison_logits(engine, float("nan") if fault == "nan" else float("inf"))
         cause = NON_FINITE
     try:
         got = _drive(engine, dict(enumerate(PROMPTS)))
     finally:
-        engine.__dict__.pop("_run", None)
-        engine.__dict__.pop("_sample", None)
-        if engine.spec is not None:
-            engine.spec.__dict__.pop("verify", None)
+        undo()
     tokens, reason, error = got.pop(BAD)
     assert reason == "error" and error is not None and cause in error, error
     assert all(0 <= t < vocab for t in tokens)

@@ -97,7 +97,7 @@ def test_stops_mid_batch_discard_the_planned_row_and_free_everything(llms) -> No
 def test_plan_of_the_next_step_is_launched_before_the_tokens_are_read(llms, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     engine = llms["on"].engine
     log: list[tuple[str, int]] = []
-    tokens, run, native = Flight.tokens, engine._run, engine.scheduler.native
+    tokens, submit, native = Flight.tokens, engine.runner.submit, engine.scheduler.native
 
     def read(self: Flight) -> Any:
         log.append(("read", int(self.plan.step)))
@@ -114,7 +114,9 @@ def test_plan_of_the_next_step_is_launched_before_the_tokens_are_read(llms, monk
 
     monkeypatch.setattr(Flight, "tokens", read)
     monkeypatch.setattr(
-        engine, "_run", lambda plan, fix=None: (log.append(("run", int(plan.step))), run(plan, fix))[1]
+        engine.runner,
+        "submit",
+        lambda plan, fix=None: (log.append(("run", int(plan.step))), submit(plan, fix))[1],
     )
     monkeypatch.setattr(engine.scheduler, "native", Plans())
     llms["on"].generate(PROMPTS[:4], GREEDY)
@@ -221,9 +223,8 @@ def test_overlap_on_the_cuda_platform_with_a_cpu_device(model_dir, monkeypatch) 
 def test_overlap_config_errors_name_the_field(model_dir) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="overlap: 'yes', expected 'auto', 'on' or 'off'"):
         EngineConfig(overlap="yes")
-    with pytest.raises(ValueError, match="overlap: 'on' with DSpark speculative decoding on"):
-        Engine(
-            model_dir,
-            EngineConfig(overlap="on", speculative="dspark", verify_schedule="fixed", max_model_len=64),
-        )
+    drafting = Engine(
+        model_dir, EngineConfig(overlap="on", speculative="dspark", verify_schedule="fixed", max_model_len=64)
+    )
+    assert type(drafting.overlap).__name__ == "SpecOverlap"  # overlap with drafting on (spec_overlap.py)
     assert Engine(model_dir, EngineConfig(max_model_len=64)).overlap is None  # auto: off on cpu

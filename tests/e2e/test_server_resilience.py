@@ -28,6 +28,7 @@ from dsgraph.runtime.server.protocol import recipe_tokenizer
 from dsgraph.tools.generate_cmd import default_model_dir
 from tests.e2e.serve_util import scrape, serving, wait_idle
 from tests.e2e.test_server_hostile import MESSAGES, MODEL, PATHS, check_error, good, still_serving
+from tests.engine_faults import poison_logits, poison_samples
 
 LIMITS = ServerLimits(max_body_bytes=64 * 1024, max_json_depth=32, max_array_items=100)
 
@@ -66,25 +67,12 @@ def test_invalid_logits_or_tokens_fail_only_their_request(server, fault: str) ->
     engine = state.loop.engine
     poison = engine.tokenizer.token_to_id("W9")
     alone = [_chat(url, f"W3 W{k}", temperature=0).json()["choices"][0]["message"] for k in (4, 5, 6)]
-    run, sample = engine._run, engine._sample
-
-    def bad_logits(plan, fix=None):  # type: ignore[no-untyped-def]
-        logits = run(plan, fix)
-        for i in _poison_rows(engine, plan, poison):
-            logits[i, 7] = float("nan") if fault == "nan" else float("inf")
-        return logits
-
-    def bad_tokens(plan, logits, to_host=True):  # type: ignore[no-untyped-def]
-        s = sample(plan, logits, to_host)
-        for i in _poison_rows(engine, plan, poison):
-            s.tokens[i] = engine.cfg.text.vocab_size + 5
-        return s
-
+    rows = lambda plan: _poison_rows(engine, plan, poison)  # noqa: E731
     if fault == "token":
-        engine._sample = bad_tokens
+        undo = poison_samples(engine, rows, engine.cfg.text.vocab_size + 5)
         cause = f"sampled token id {engine.cfg.text.vocab_size + 5} is outside the vocabulary"
     else:
-        engine._run = bad_logits
+        undo = poison_logits(engine, rows, 7, float("nan") if fault == "nan" else float("inf"))
         cause = "the model's logits hold NaN or +inf"
     try:
         with ThreadPoolExecutor(4) as pool:
@@ -93,8 +81,7 @@ def test_invalid_logits_or_tokens_fail_only_their_request(server, fault: str) ->
             check_error("chat", bad.result(), 500, cause)
             assert [g.result().json()["choices"][0]["message"] for g in goods] == alone
     finally:
-        engine.__dict__.pop("_run", None)
-        engine.__dict__.pop("_sample", None)
+        undo()
     wait_idle(state)
     still_serving(url)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -17,7 +18,7 @@ import torch
 
 from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
 from dsgraph.platform import env
-from dsgraph.tools.bench import spec_bench
+from dsgraph.tools.bench import overlap_gap, spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
 from dsgraph.tools.bench.extrapolate import extrapolate
 from dsgraph.tools.bench.kernels_cmp import kernel_cases
@@ -120,6 +121,11 @@ def run_bench(out_dir: Path, plan: Plan, parts: tuple[str, ...]) -> Path:
                 "cases": spec_bench.spec_cases(cfg, weights, (1, 16, 64)),
             }
             print(json.dumps(result["spec"]["cases"]), flush=True)
+    if "overlap" in parts:  # the host gap between drafting steps, overlap off / on (a tiny checkpoint)
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = overlap_gap.host_gap_cases(overlap_gap.tiny_checkpoint(tmp), "cuda")
+        result["overlap"] = {"doc": overlap_gap.__doc__, "cases": cases}
+        print(json.dumps(cases), flush=True)
     return _write(out_dir, result)
 
 

@@ -10,8 +10,10 @@ per-position conditional acceptance probabilities p_1..p_5, with the confidence 
 (exact for the model; not sampled). Policies:
 - off: no drafting, B tokens per step of t(B, 0);
 - fixed: every request verifies 5 drafts, plus one draft pass per step;
-- confidence: the runtime's planner (`plan_verification`) on the measured curve (rows -> verify time +
-  draft pass), choosing the total drafts that maximise expected tokens per predicted step time.
+- confidence: the runtime's planner (`plan_verification`) on the measured curve (rows -> verify time)
+  with the measured draft pass as the cost of drafting, choosing the drafts that maximise expected
+  tokens per predicted step time, draft pass included; where no drafting plan beats `off` it verifies
+  nothing and drafts nothing, so it never falls below `off`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.runtime.spec_draft import DraftRunner
-from dsgraph.runtime.spec_schedule import make_curve, plan_verification
+from dsgraph.runtime.spec_schedule import make_curve, plan_rate, plan_verification
 from dsgraph.runtime.step_padding import bucket_size
 from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for
 from dsgraph.tools.bench.steps import decode_step
@@ -66,13 +68,13 @@ def expected_tokens(p: tuple[float, ...], k: int) -> float:
 
 def _policies(batch: int, t_verify: dict[int, float], t_draft: float, p: tuple[float, ...]) -> dict:
     sizes = [batch * (1 + k) for k in range(MAX_DRAFTS + 1)]
-    curve = make_curve(sizes, [t_verify[k] + t_draft for k in range(MAX_DRAFTS + 1)], lookup="step")
-    plan = plan_verification([list(p)] * batch, curve, MAX_DRAFTS * batch)
+    curve = make_curve(sizes, [t_verify[k] for k in range(MAX_DRAFTS + 1)], lookup="step")
+    plan = plan_verification([list(p)] * batch, curve, MAX_DRAFTS * batch, draft_ms=t_draft)
     fixed_tokens = batch * expected_tokens(p, MAX_DRAFTS)
     return {
         "off_tokens_per_s": batch / (t_verify[0] * 1e-3),
         "fixed5_tokens_per_s": fixed_tokens / ((t_verify[MAX_DRAFTS] + t_draft) * 1e-3),
-        "confidence_tokens_per_s": plan.expected_tokens / (plan.step_ms * 1e-3),
+        "confidence_tokens_per_s": plan_rate(plan) * 1e3,
         "confidence_drafts_per_request": plan.total_drafts / batch,
     }
 

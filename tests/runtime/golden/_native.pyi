@@ -437,11 +437,20 @@ class Scheduler:
     @property
     def draft_ms(self) -> float:
         """
-        ms the confidence planner adds to every candidate step (the draft pass after it).
+        The draft pass (ms) a drafting plan pays on top of its verify step, every depth alike (reads the deepest pass's cost); a plan verifying nothing pays none.
         """
 
     @draft_ms.setter
     def draft_ms(self, arg: float, /) -> None: ...
+
+    @property
+    def draft_depth_ms(self) -> list[float]:
+        """
+        The draft pass (ms) by depth: entry D - 1 for a pass drafting D tokens per request.
+        """
+
+    @draft_depth_ms.setter
+    def draft_depth_ms(self, arg: Sequence[float], /) -> None: ...
 
     def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = [], use_prefix_cache: bool = True) -> None:
         """
@@ -646,6 +655,10 @@ class VerifyPlan:
     def step_ms(self) -> float:
         """Predicted step time; 0 without a curve."""
 
+    @property
+    def draft_ms(self) -> float:
+        """The draft pass the plan pays for (0: it drafts nothing)."""
+
 def cumulative_acceptance(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> Annotated[NDArray[numpy.float64], dict(shape=(None, None))]:
     """
     [requests, nextn] float64 cumulative products (0 past a request's length).
@@ -656,9 +669,9 @@ def split_drafts(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None)
     Drafts per request when `total` drafts go to the largest cumulative probabilities.
     """
 
-def plan_verification(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], curve: ThroughputCurve, max_total: int, other_rows: int = 0, fixed_ms: float = 0.0) -> VerifyPlan:
+def plan_verification(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)], lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], curve: ThroughputCurve, max_total: int, other_rows: int = 0, fixed_ms: float = 0.0, draft_ms: Sequence[float] = []) -> VerifyPlan:
     """
-    The total of drafts maximising expected tokens / (predicted time + fixed_ms), split by the greedy prefix.
+    The drafts maximising expected tokens / (predicted time + fixed_ms + the draft pass by depth, paid only by a plan that verifies drafts), split by the greedy prefix.
     """
 
 def plan_fixed(conf: Annotated[NDArray[numpy.float64], dict(shape=(None, None), order='C', device='cpu', writable=False)] | None, lengths: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], draft_len: int, curve: ThroughputCurve | None, max_total: int, other_rows: int = 0) -> VerifyPlan:
