@@ -212,7 +212,7 @@ class ModelRunner:
 def _device_timer(session: Any) -> tuple[Any, Any] | None:
     """(start, end) events around a device forward, the start recorded now; None on the host."""
     device = getattr(session, "device", None)
-    if not getattr(session, "on_device", False) or getattr(device, "type", None) != "cuda":
+    if getattr(device, "type", None) != "cuda":
         return None  # a host device (the cuda platform's code paths run on one in tests)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -20,6 +20,7 @@ from dsgraph.graph.passes import specialize
 from dsgraph.ops import op
 from dsgraph.ops.sampling import mask_words
 from dsgraph.platform.registry import BucketRunner, Platform, Program, lower, make_runner, platform_of
+from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.sampling_params import SamplingParams
 
 GRAPHS = ("sample", "spec_verify", "sample_masked", "spec_verify_masked")
@@ -159,7 +160,7 @@ class Sampler:
         platform = platform_of(device) if self.platform is None else self.platform
         name = platform if isinstance(platform, str) else platform.name
         if (name, device) not in self.runners:
-            self.runners[(name, device)] = make_runner(platform, device)
+            self.runners[(name, device)] = make_runner(platform, device, replay_table())
 
         def lowered() -> Program:
             if (name, key) not in programs:

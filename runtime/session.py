@@ -58,6 +58,7 @@ from dsgraph.platform.registry import (
     torch_dtype,
 )
 from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
+from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 from dsgraph.runtime.step_padding import bucket_size, pad_step
 
@@ -143,7 +144,9 @@ class Session:
         self.capture_max_tokens = capture_max_tokens
         # the platform's bucketed runner executes every step (platform/<name>/runner.py)
         name = platform_name(platform)
-        self.runner: BucketRunner = make_runner(platform, resolve_device(name if device is None else device))
+        self.runner: BucketRunner = make_runner(
+            platform, resolve_device(name if device is None else device), replay_table()
+        )
         self.device = self.runner.device
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(model, weights)

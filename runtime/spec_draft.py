@@ -27,6 +27,7 @@ from dsgraph.graph import Graph
 from dsgraph.graph.passes import specialize
 from dsgraph.models.interface import DRAFT_STREAM, DraftRequest, weight_types
 from dsgraph.platform.registry import BucketRunner, Program, lower, make_runner
+from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.step_padding import bucket_size
 
 __all__ = ["DraftOutput", "DraftRunner", "has_dspark_stages", "target_weights"]
@@ -84,7 +85,7 @@ class DraftRunner:
         self.block = self.text.dspark_block_size
         self.capture = bool(getattr(session, "capture", True) if capture is None else capture)
         # the platform's runner of the draft buckets (its captures share one memory pool)
-        self.runner: BucketRunner = make_runner(session.platform, device)
+        self.runner: BucketRunner = make_runner(session.platform, device, replay_table())
         self.packed: dict[int, torch.Tensor] = {}  # seqs bucket -> [2, seqs, K] i32: tokens, confidences
 
     def _program(self, seqs: int) -> Program:

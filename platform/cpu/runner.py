@@ -20,7 +20,8 @@ def as_tensor(value: Any) -> torch.Tensor:
 
 
 class Runner:
-    def __init__(self, platform: Platform, device: torch.device) -> None:
+    def __init__(self, platform: Platform, device: torch.device, replay_table: Any = None) -> None:
+        """`replay_table` is unused: the interpreter captures nothing to replay."""
         self.platform, self.name, self.device = platform, platform.name, device
         self.programs: dict[Key, Program] = {}
         self.captured: dict[Key, Any] = {}  # never filled: the interpreter has nothing to capture

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.platform import env
 from dsgraph.platform.cuda.capture import CapturedStep, Piece
 from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.platform.registry import Key, Platform, Program
@@ -36,7 +35,7 @@ def _on(value: Any, device: torch.device) -> torch.Tensor:
 
 
 class Runner:
-    def __init__(self, platform: Platform, device: torch.device) -> None:
+    def __init__(self, platform: Platform, device: torch.device, replay_table: Any = None) -> None:
         self.platform, self.name, self.device = platform, platform.name, device
         self.programs: dict[Key, DeviceProgram] = {}
         self.captured: dict[Key, CapturedStep] = {}
@@ -44,7 +43,7 @@ class Runner:
         self.last_captured = False  # whether the last run recorded its bucket (its time includes that)
         self.pool: Any = None
         self.pads = True
-        self.table = _replay_table() if env.native_replay() else None
+        self.table = replay_table
         self.native_keys: dict[Key, list[int]] = {}  # bucket -> its key in the native table
 
     def program(self, key: Key, lower: Callable[[], Program]) -> DeviceProgram:
@@ -125,16 +124,6 @@ class Runner:
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-
-
-def _replay_table() -> Any:
-    """The native runtime's replay table (None when the built module predates it: Python replay)."""
-    try:
-        from dsgraph.runtime import _native
-    except ImportError:
-        return None
-    table = getattr(_native, "ReplayTable", None)
-    return None if table is None else table()
 
 
 def native_key(key: Key) -> list[int]:
