@@ -139,8 +139,9 @@ def main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         app.state.server.close()
-        if hasattr(engine, "runner"):
-            engine.close()
+        close = getattr(engine, "close", None)  # an EP group's engine ends its rank processes
+        if close is not None:
+            close()
     return 0
 
 

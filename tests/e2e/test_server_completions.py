@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import httpx2 as httpx
 import pytest
@@ -139,6 +140,10 @@ def test_cors_preflight_and_headers(server) -> None:  # type: ignore[no-untyped-
     assert "access-control-allow-origin" not in other.headers
 
 
+def _log_lines(caplog) -> int:  # type: ignore[no-untyped-def]
+    return sum(rec.name == LOGGER_NAME for rec in caplog.records)
+
+
 def test_one_structured_log_line_per_request(server, caplog) -> None:  # type: ignore[no-untyped-def]
     url, _ = server
     with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
@@ -155,6 +160,11 @@ def test_one_structured_log_line_per_request(server, caplog) -> None:  # type: i
             "stream": True,
         }
         httpx.post(f"{url}/v1/chat/completions", json=chat, headers={"x-api-key": KEY})
+        # a stream's line is written when the server closes it, which may be just after the client has read
+        # the last chunk
+        deadline = time.monotonic() + 10
+        while _log_lines(caplog) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
     lines = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == LOGGER_NAME]
     assert len(lines) == 3
     ok, denied, streamed = lines
