@@ -106,8 +106,10 @@ def _stages(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             shutil.rmtree(work / f"cache-{stage}", ignore_errors=True)
             if stage == "compile":
                 shutil.rmtree(work / "bundle", ignore_errors=True)
+            began = time.perf_counter()
             result = _child({**task, "mode": stage}, work / f"cache-{stage}", args.timeout_s)
             path.write_text(json.dumps(result))
+            print(f"bench bundle-start: {stage} took {time.perf_counter() - began:.1f} s", flush=True)
         if path.is_file():
             done[stage] = json.loads(path.read_text())
     return done

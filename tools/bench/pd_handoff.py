@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = _bench_model_dir(tmp / "model") if args.bench_model else Path(args.model or default_model_dir())
     store_dir = Path(args.store_dir) if args.store_dir else tmp / "store"
     store = TieredStore(StoreConfig(path=str(store_dir / "engines")))
+    started = time.perf_counter()
     p, c = _engines(model, args, store)
+    built_s = time.perf_counter() - started
+    print(f"pd_handoff: both engines built in {built_s:.1f} s", flush=True)
     transports = (make_transport(args.transport), make_transport(args.transport))
     text = p.cfg.text
     flash = parse_config(flash_config_dict()).text
@@ -224,14 +227,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "flash_global_bytes_per_token": global_bytes_per_token(
             layer_plans(flash), flash.head_dim, flash.index_head_dim
         ),
-        "handoff": [_one_length(p, c, transports, n, args) for n in args.lengths],
+        "engines_built_s": built_s,
+        "handoff": [],
     }
+    out = Path(args.out or f"bench/results/pd-handoff-{results['device'].replace(' ', '-')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for n in args.lengths:  # saved after each length, so a run cut by a time limit keeps what it measured
+        results["handoff"].append(_one_length(p, c, transports, n, args))
+        out.write_text(json.dumps(results, indent=2))
+        print(f"pd_handoff: {n} tokens: {json.dumps(results['handoff'][-1])}", flush=True)
     page = results["handoff"][-1]["global_bytes"] // max(1, results["handoff"][-1]["store_keys"])
     results["store"] = _store_rates(
         store_dir / "rates", max(page, 4096), args.store_mib << 20, args.drop_caches
     )
-    out = Path(args.out or f"bench/results/pd-handoff-{results['device'].replace(' ', '-')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"saved {out}")
