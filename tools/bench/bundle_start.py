@@ -97,6 +97,7 @@ def _stages(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "config": _config(args),
         "bundle": str(work / "bundle"),
         "prompt": [(7 * i + 3) % 97 + 2 for i in range(args.prompt_tokens)],
+        "profile": args.profile,
     }
     done: dict[str, Any] = {"task": task}
     for stage in STAGES:
@@ -178,6 +179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", choices=["auto", "dspark", "off"], default="off")
     p.add_argument("--prompt-tokens", type=int, default=24)
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per process")
+    p.add_argument(
+        "--profile", default=None, help="folder: each stage runs under cProfile, its report written there"
+    )
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {STAGES}")
     p.add_argument(
         "--work", default=None, help="folder kept between runs of some --stages (default: temporary)"
