@@ -188,7 +188,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--decode-tokens", type=int, default=8)
     ap.add_argument("--transport", choices=["auto", "mooncake", "torch"], default="auto")
     ap.add_argument("--store-dir", default=None, help="block store directory (default: a temporary one)")
-    ap.add_argument("--store-mib", type=int, default=512, help="bytes written for the store read rates")
+    ap.add_argument("--store-mib", type=int, default=64, help="bytes written for the store read rates")
+    ap.add_argument(
+        "--store-only",
+        type=int,
+        default=0,
+        metavar="BLOCK_BYTES",
+        help="measure only the store's rates, with blocks of this size (no engines, no handoff)",
+    )
     ap.add_argument(
         "--drop-caches", action="store_true", help="drop the OS page cache before disk reads (root)"
     )
@@ -205,6 +212,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from dsgraph.tools.generate_cmd import default_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="dsgraph-pd-bench-"))
+    if args.store_only:
+        return _store_only(args, tmp)
     model = _bench_model_dir(tmp / "model") if args.bench_model else Path(args.model or default_model_dir())
     store_dir = Path(args.store_dir) if args.store_dir else tmp / "store"
     store = TieredStore(StoreConfig(path=str(store_dir / "engines")))
@@ -243,6 +252,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"saved {out}")
+    return results
+
+
+def _store_only(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    from dsgraph.tools.bench.run import commit
+
+    store_dir = Path(args.store_dir) if args.store_dir else tmp / "store"
+    results = {
+        "device": _device(args.platform),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "store": _store_rates(store_dir / "rates", args.store_only, args.store_mib << 20, args.drop_caches),
+    }
+    out = Path(args.out or f"bench/results/pd-store-{results['device'].replace(' ', '-')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
     return results
 
 
