@@ -127,6 +127,17 @@ class DiskTier:
     def _recount(self) -> None:
         self.stats.blocks, self.stats.bytes = len(self._sizes), sum(self._sizes.values())
 
+    def _index_set(self, key: str, size: int) -> None:
+        """Index one block, the totals kept as running sums (a recount per write made puts quadratic)."""
+        self._index_drop(key)
+        self._sizes[key] = size
+        self.stats.blocks, self.stats.bytes = self.stats.blocks + 1, self.stats.bytes + size
+
+    def _index_drop(self, key: str) -> None:
+        size = self._sizes.pop(key, None)
+        if size is not None:
+            self.stats.blocks, self.stats.bytes = self.stats.blocks - 1, self.stats.bytes - size
+
     def __contains__(self, key: str) -> bool:
         return self.path(key).exists()
 
@@ -156,8 +167,7 @@ class DiskTier:
             if why is not None:
                 setattr(self.stats, why, getattr(self.stats, why) + 1)
                 self.path(key).unlink(missing_ok=True)
-                self._sizes.pop(key, None)
-                self._recount()
+                self._index_drop(key)
         return None
 
     def put(self, key: str, payload: bytes, created: float | None = None) -> None:
@@ -168,9 +178,8 @@ class DiskTier:
         now = self.clock()
         os.utime(self.path(key), (now, now))  # last use on the store's clock, like a hit
         with self._lock:
-            self._sizes[key] = len(payload)
+            self._index_set(key, len(payload))
             self.stats.bytes_written += len(payload)
-            self._recount()
             over = self.stats.bytes > self.capacity
         if over:
             self._evict(keep=key)
@@ -192,6 +201,5 @@ class DiskTier:
                 if k == keep:
                     continue
                 self.path(k).unlink(missing_ok=True)
-                self._sizes.pop(k, None)
+                self._index_drop(k)
                 self.stats.evictions += 1
-                self._recount()
