@@ -10,7 +10,13 @@ the L2 cache (a decode step streams its weights from HBM). Every config's output
 reference's output: `bit_equal` (what batch invariance across M classes needs when both serve) and
 `within_tol` (twice the GPU test tolerance of tests/cuda/test_linear.py). Kernels are compiled first in
 a pool of processes (Triton's disk cache), so one run stays near a minute on an H200.
-Writes DIR/linear_sweep.json and prints one line per (shape, M, config) and a per-layer summary.
+Split policies (POLICIES: linear.py's split constants, the default first) are timed apart with the
+table's tiles at POLICY_MS rows: a policy changes the bits of the weights whose split count it changes,
+so each is checked for batch invariance within itself (decode tiles against the prefill tiles under the
+same policy) and reported with its per-layer time at decode and prefill row counts.
+Writes DIR/linear_sweep.json and prints one line per (shape, M, config), a per-layer summary, a decode
+table (per shape and M: the table pick's and the best bit-equal config's fraction of copy bandwidth) and
+the policies' per-layer times.
 """
 
 from __future__ import annotations
