@@ -310,6 +310,7 @@ def _linear(every: bool) -> None:
             # K split in 4 (the shared experts' w1/w3 at decode): the split path's partial stores
             meta = dict(K_SIZE=5120, K_SPLIT=1280, W_FP8=t.swapped, X_MODE=mode, SWAPPED=t.swapped)
             meta |= dict(EMU_F32=False, EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            meta["WIDE"] = t.wide and mode != bf16.X_SPLIT  # as linear_bf16_tl.launch sets it
             print(f"linear {t} x {x} mode {mode}", flush=True)
             _without_spills(
                 bf16.gemm_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned

@@ -14,7 +14,8 @@ from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 from tests.cuda.test_linear import _compare_linear, _params, _weight  # noqa: E402
 
 Tiles = cuda_linear.Tiles
-PATH_TILES = [Tiles(16, 64, 128, 4, 4, True), Tiles(128, 64, 64, 8, 3), Tiles(64, 64, 32, 4, 3)]
+PATH_TILES = [Tiles(16, 64, 128, 4, 4, True), Tiles(128, 64, 64, 8, 3), Tiles(64, 64, 32, 4, 3),
+              Tiles(16, 64, 128, 4, 4, True, True)]  # fmt: skip
 
 
 @pytest.mark.parametrize("tiles", PATH_TILES, ids=lambda t: "-".join(map(str, t)))
@@ -56,8 +57,25 @@ def test_bf16_rows_bit_equal_across_tiles_on_gpu(nk: tuple[int, int], x_dtype: t
     # f32 x: wo_b's split into three bf16 pieces
     p = _params("fp8_block32", "fp8_g32" if x_dtype == torch.bfloat16 else "none", "bf16")
     full = cuda_linear.linear(p, x, *w, tiles=Tiles(128, 128, 64, 8, 3))
-    for tiles in (*PATH_TILES, Tiles(128, 256, 64, 8, 3), Tiles(16, 128, 64, 8, 4, True)):
+    wide = (Tiles(16, 128, 128, 8, 2, True, True), Tiles(16, 64, 256, 4, 1, True, True),
+            Tiles(64, 128, 128, 8, 3, True, True))  # fmt: skip
+    for tiles in (*PATH_TILES, Tiles(128, 256, 64, 8, 3), Tiles(16, 128, 64, 8, 4, True), *wide):
         for size in (1, 16, 65, 300):
             part = cuda_linear.linear(p, x[:size], *w, tiles=tiles)
             diff = (part != full[:size]).sum().item()
             assert diff == 0, f"batch {size}, tiles {tiles}: {diff} elements differ"
+
+
+@pytest.mark.parametrize("act_quant", ["fp8_g32", "none"])
+def test_wide_steps_give_the_chunked_bits(act_quant: str) -> None:
+    """A swapped tile that loads and dequantizes its whole BLOCK_K step at once gives the bits of the one
+    that works 32 columns at a time (K = 320: two full steps of 128 and a partial one; a partial M and N
+    tile)."""
+    gen = torch.Generator().manual_seed(31)
+    x = (torch.randn(5, 320, generator=gen) * 3).to(torch.bfloat16).to(DEVICE)
+    w = tuple(t.to(DEVICE) for t in _weight("fp8_block32", 96, 320, torch.bfloat16, gen))
+    p = _params("fp8_block32", act_quant, "bf16")
+    chunked = cuda_linear.linear(p, x, *w, tiles=Tiles(16, 64, 128, 4, 2, True))
+    wide = cuda_linear.linear(p, x, *w, tiles=Tiles(16, 64, 128, 4, 2, True, True))
+    assert chunked.abs().max() > 0
+    assert torch.equal(wide, chunked), (wide != chunked).sum().item()

@@ -10,7 +10,13 @@ the L2 cache (a decode step streams its weights from HBM). Every config's output
 reference's output: `bit_equal` (what batch invariance across M classes needs when both serve) and
 `within_tol` (twice the GPU test tolerance of tests/cuda/test_linear.py). Kernels are compiled first in
 a pool of processes (Triton's disk cache), so one run stays near a minute on an H200.
-Writes DIR/linear_sweep.json and prints one line per (shape, M, config) and a per-layer summary.
+Split policies (POLICIES: linear.py's split constants, the default first) are timed apart with the
+table's tiles at POLICY_MS rows: a policy changes the bits of the weights whose split count it changes,
+so each is checked for batch invariance within itself (decode tiles against the prefill tiles under the
+same policy) and reported with its per-layer time at decode and prefill row counts.
+Writes DIR/linear_sweep.json and prints one line per (shape, M, config), a per-layer summary, a decode
+table (per shape and M: the table pick's and the best bit-equal config's fraction of copy bandwidth) and
+the policies' per-layer times.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import json
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -107,14 +115,54 @@ def _call(s: Shape, x: torch.Tensor, w: tuple, tiles: Tiles) -> torch.Tensor:
 
 # Candidates per M class (the bounds of linear.TILE_TABLE); every one gives the table's bits (one
 # arithmetic: linear_bf16_tl.py), which the sweep checks. Swapped tiles serve decode batches.
+W = True  # Tiles.wide: the whole BLOCK_K step loaded and dequantized at once
 CANDIDATES: dict[int, tuple[Tiles, ...]] = {
-    16: (Tiles(16, 128, 64, 8, 4, True), Tiles(16, 64, 256, 4, 3, True), Tiles(16, 64, 128, 4, 4, True),
-         Tiles(16, 64, 64, 4, 6, True), Tiles(16, 128, 128, 4, 4, True)),
-    256: (Tiles(64, 128, 32, 8, 4, True), Tiles(64, 64, 128, 4, 4, True), Tiles(32, 64, 128, 4, 4, True),
-          Tiles(64, 128, 64, 4, 4, True), Tiles(128, 128, 64, 8, 3, True)),
+    16: (Tiles(16, 128, 64, 8, 4, True), Tiles(16, 64, 256, 4, 3, True), Tiles(16, 128, 128, 4, 4, True),
+         Tiles(16, 128, 64, 8, 4, True, W), Tiles(16, 128, 128, 8, 4, True, W),
+         Tiles(16, 128, 128, 8, 2, True, W), Tiles(16, 128, 256, 8, 1, True, W),
+         Tiles(16, 64, 256, 4, 3, True, W), Tiles(16, 64, 256, 4, 1, True, W),
+         Tiles(16, 128, 128, 4, 4, True, W)),
+    256: (Tiles(64, 128, 32, 8, 4, True), Tiles(64, 64, 128, 4, 4, True), Tiles(64, 128, 64, 4, 4, True),
+          Tiles(64, 128, 64, 8, 4, True, W), Tiles(64, 128, 128, 8, 3, True, W),
+          Tiles(64, 128, 128, 8, 1, True, W), Tiles(64, 64, 128, 4, 1, True, W),
+          Tiles(64, 64, 128, 4, 4, True, W), Tiles(32, 128, 128, 8, 3, True, W)),
     1 << 62: (Tiles(128, 128, 64, 8, 3), Tiles(256, 128, 64, 8, 3), Tiles(128, 256, 64, 8, 3),
               Tiles(128, 128, 64, 4, 4)),
 }  # fmt: skip
+
+
+class SplitPolicy(NamedTuple):
+    """linear.py's split constants: the count of K ranges is a function of the weight's shape alone, so a
+    policy is a whole-model choice (each row's bits follow it, for every M)."""
+
+    tile_n: int  # SPLIT_TILE_N
+    target: int  # SPLIT_TARGET
+    max_splits: int  # MAX_SPLITS
+    min_split: int  # MIN_SPLIT
+
+
+def current_policy() -> SplitPolicy:
+    return SplitPolicy(lin.SPLIT_TILE_N, lin.SPLIT_TARGET, lin.MAX_SPLITS, lin.MIN_SPLIT)
+
+
+# Split policies timed with the table's tiles: programs counted per 64 or 128 weight rows (the swapped
+# tiles' block_n), up to 20 ranges of at least 256 columns.
+POLICIES = (SplitPolicy(64, 264, 20, 256), SplitPolicy(128, 264, 20, 256), SplitPolicy(128, 132, 10, 512))
+POLICY_MS = (1, 64, 4096)  # decode and prefill: the same split serves every M
+
+
+@contextmanager
+def split_policy(policy: SplitPolicy) -> Iterator[None]:
+    """linear.py's split constants set to `policy` for the duration (the sweep's switch only)."""
+    saved = current_policy()
+    names = ("SPLIT_TILE_N", "SPLIT_TARGET", "MAX_SPLITS", "MIN_SPLIT")
+    try:
+        for name, value in zip(names, policy, strict=True):
+            setattr(lin, name, value)
+        yield
+    finally:
+        for name, value in zip(names, saved, strict=True):
+            setattr(lin, name, value)
 
 
 def candidates() -> list[Tiles]:
@@ -138,20 +186,29 @@ def _configs(s: Shape, m: int) -> list[Tiles]:
     return out
 
 
-def _warm_one(task: tuple[Shape, int, Tiles]) -> str | None:
-    """Compile one (shape, M, tiles) by launching it once (fills Triton's disk cache)."""
-    s, m, tiles = task
+def _warm_one(task: tuple[Shape, int, Tiles, SplitPolicy]) -> str | None:
+    """Compile one (shape, M, tiles, split policy) by launching it once (fills Triton's disk cache)."""
+    s, m, tiles, policy = task
     try:
         x, w = _inputs(s, m, 1, fill=False)
-        _call(s, x, w[0], tiles)
+        with split_policy(policy):
+            _call(s, x, w[0], tiles)
         torch.cuda.synchronize()
     except Exception as exc:  # reported in the timing pass too; a failed compile must not end the sweep
         return f"{s.name} m={m} {tuple(tiles)}: {type(exc).__name__}: {str(exc)[:200]}"
     return None
 
 
-def precompile(shapes: list[Shape], workers: int) -> list[str]:
-    tasks = [(s, m, t) for s in shapes for m in s.ms for t in _configs(s, m)]
+def _policy_shapes(shapes: list[Shape]) -> list[Shape]:
+    """The FP8 shapes the split policies are timed on, at POLICY_MS rows."""
+    return [replace(s, ms=POLICY_MS) for s in shapes if s.act != "dense" and s.per_layer > 0]
+
+
+def precompile(shapes: list[Shape], workers: int, policies: tuple[SplitPolicy, ...]) -> list[str]:
+    now = current_policy()
+    tasks = [(s, m, t, now) for s in shapes for m in s.ms for t in _configs(s, m)]
+    tasks += [(s, m, t, p) for p in policies for s in _policy_shapes(shapes) for m in s.ms
+              for t in {lin.tiles_for(m), _reference()}]  # fmt: skip
     if workers <= 1:
         return [e for e in map(_warm_one, tasks) if e]
     ctx = multiprocessing.get_context("spawn")
@@ -228,6 +285,48 @@ def sweep_shape(s: Shape, m: int, cal: Any) -> dict[str, Any]:
     return row
 
 
+def sweep_policy(s: Shape, m: int, cal: Any, policy: SplitPolicy) -> dict[str, Any]:
+    """The table's tiles for M under `policy`: time, fraction of copy, and bits against the default
+    policy's result (equal only where the split count is the same) and against the prefill tiles under
+    the same policy (batch invariance within the policy: must hold)."""
+    wbytes = s.groups * s.n * s.k
+    copies = max(1, min(MAX_COPIES, -(-PASS_L2_BYTES // wbytes)))
+    x, weights = _inputs(s, m, copies)
+    default = _call(s, x, weights[0], lin.tiles_for(m))
+    row: dict[str, Any] = {"shape": s.name, "m": m, "policy": list(policy), "weight_bytes": wbytes}
+    row["splits_default"] = lin.k_splits(s.groups, s.n, s.k)
+    with split_policy(policy):
+        row["splits"] = lin.k_splits(s.groups, s.n, s.k)
+        try:
+            ms = _time_calls(lambda i: _call(s, x, weights[i], lin.tiles_for(m)), copies)
+            y = _call(s, x, weights[0], lin.tiles_for(m))
+            ref = _call(s, x, weights[0], _reference())
+        except Exception as exc:
+            return row | {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    row |= {"ms": ms, "fraction_of_copy": wbytes / (ms * 1e-3) / 1e9 / cal.copy_gbps}
+    row |= {
+        "bit_equal_default": bool(torch.equal(y, default)),
+        "bit_equal_same_split": bool(torch.equal(y, ref)),
+    }
+    return row
+
+
+def decode_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (shape, M): the table pick's and the best bit-equal config's fraction of copy bandwidth."""
+    out = []
+    for r in rows:
+        ok = [c for c in r["configs"] if "ms" in c]
+        if not ok:
+            continue
+        pick = next((c for c in ok if c["table_pick"]), ok[0])
+        best = min((c for c in ok if c["bit_equal"]), key=lambda c: c["ms"], default=pick)
+        out.append({"shape": r["shape"], "m": r["m"], "pick_copy": round(pick["fraction_of_copy"], 4),
+                    "pick_us": round(pick["ms"] * 1e3, 2), "best_copy": round(best["fraction_of_copy"], 4),
+                    "best_us": round(best["ms"] * 1e3, 2), "best_tiles": best["tiles"],
+                    "all_bit_equal": all(c["bit_equal"] for c in ok)})  # fmt: skip
+    return out
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per M: one layer's linear time (Shape.per_layer weights) with the reference, with the table's pick,
     and with the best timed config per shape; and per config of M's class, the layer time where timed."""
@@ -246,11 +345,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             sums["best"] += f * min(c["ms"] for c in ok)
             for c in ok:
                 key = str(tuple(c["tiles"][:5])) + (" swapped" if c["tiles"][5] else "")
+                key += " wide" if c["tiles"][6] else ""
                 per_config[key] = per_config.get(key, 0.0) + f * c["ms"]
         out[str(m)] = {
             "layer_ms": sums,
             "layer_ms_by_config": dict(sorted(per_config.items(), key=lambda kv: kv[1])),
         }
+    return out
+
+
+def policy_summary(policy_rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per policy and M: one layer's FP8 linear time (Shape.per_layer weights); batch invariance within
+    the policy must hold for every row ("invariant")."""
+    weight = {s.name: s.per_layer for s in SHAPES}
+    out: dict[str, dict[str, float]] = {}
+    for r in (r for r in policy_rows if "ms" in r):
+        entry = out.setdefault(str(tuple(r["policy"])), {"invariant": True})
+        entry[str(r["m"])] = entry.get(str(r["m"]), 0.0) + weight[r["shape"]] * r["ms"]
+        entry["invariant"] = entry["invariant"] and r["bit_equal_same_split"]
     return out
 
 
@@ -277,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--ms", type=str, default="", help="comma-separated row counts (default: each shape's)")
     ap.add_argument("--shapes", type=str, default="", help="comma-separated name substrings")
+    ap.add_argument("--no-policies", action="store_true", help="skip the split policies (POLICIES)")
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
     args = ap.parse_args(argv)
     from dsgraph.tools.bench.calibrate import calibrate
@@ -287,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         ms = tuple(int(v) for v in args.ms.split(","))
         shapes = [replace(s, ms=ms) for s in shapes]
     start = time.time()
-    errors = precompile(shapes, args.workers)
+    policies = () if args.no_policies else (current_policy(), *POLICIES)  # the default first: the baseline
+    errors = precompile(shapes, args.workers, policies)
     compiled_s = time.time() - start
     cal = calibrate()
     rates = f"copy {cal.copy_gbps:.0f} GB/s, fp8 GEMM {cal.fp8_gemm_tflops:.0f} TF/s"
@@ -297,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         for m in s.ms:
             rows.append(sweep_shape(s, m, cal))
             _print_row(rows[-1])
+    policy_rows = [sweep_policy(s, m, cal, p) for p in policies for s in _policy_shapes(shapes) for m in s.ms]
+    for r in policy_rows:
+        print(json.dumps(r), flush=True)
     result = {
         "gpu": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -308,10 +425,17 @@ def main(argv: list[str] | None = None) -> int:
         "total_s": time.time() - start,
         "rows": rows,
         "summary": summary(rows),
+        "decode_table": decode_table(rows),
+        "split_policy": list(current_policy()),
+        "policy_rows": policy_rows,
+        "policy_layer_ms": policy_summary(policy_rows),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "linear_sweep.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result["summary"], indent=1))
+    for d in result["decode_table"]:
+        print(json.dumps(d), flush=True)
+    print(json.dumps(result["policy_layer_ms"], indent=1))
     print(f"total {result['total_s']:.1f} s; wrote {args.out / 'linear_sweep.json'}")
     return 0
 

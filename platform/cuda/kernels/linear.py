@@ -42,7 +42,10 @@ __all__ = [
 class Tiles(NamedTuple):
     """One launch configuration. block_k is a multiple of 32 (the scale block). swapped (FP8 weights
     only): the tile is out^T with block_n weight rows on the tensor core's 64-row side (a multiple of 64
-    per warpgroup) and block_m activation rows (16 or more)."""
+    per warpgroup) and block_m activation rows (16 or more). wide (swapped only): each BLOCK_K step is
+    loaded and dequantized at once and dotted once, instead of 32 columns (one scale block) at a time:
+    the same tensor-core steps in the same order, so the same bits, with more bytes in flight (wo_b's
+    split f32 activations keep the chunks, whose dots interleave the pieces per chunk)."""
 
     block_m: int
     block_n: int
@@ -50,6 +53,7 @@ class Tiles(NamedTuple):
     num_warps: int
     num_stages: int
     swapped: bool = False
+    wide: bool = False
 
 
 # FP8 weights: (largest M, tiles), M increasing; the last entry serves every larger M. Picked from the
@@ -82,9 +86,12 @@ MAX_SPLITS = 8
 MIN_SPLIT = 512  # at least this many columns per split
 
 
+SPLIT_TILE_N = 32  # weight rows per decode program, as the split count reckons it
+
+
 def k_splits(groups: int, n_size: int, k_size: int) -> int:
     """How many K ranges a GEMM of this weight shape is cut into (1: none)."""
-    programs = groups * -(-n_size // 32)
+    programs = groups * -(-n_size // SPLIT_TILE_N)
     valid = [1] + [
         s for s in range(2, MAX_SPLITS + 1) if k_size % (SPLIT_ALIGN * s) == 0 and k_size // s >= MIN_SPLIT
     ]

@@ -32,7 +32,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to
+from dsgraph.platform.cuda.kernels.quant_tl import (
+    e4m3_grid,
+    e8m0_to_f32,
+    fp8_g32_quantize,
+    pow2_scale,
+    round_f32_to,
+)
 
 X_BF16 = 0  # activations already bf16 operands (qdq'ed by qdq_rows, or bf16 with act_quant none)
 X_QUANT = 1  # FP8-g32 quantized and dequantized in the kernel (swapped_kernel)
@@ -111,17 +117,57 @@ def _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SI
 
 
 @triton.jit
+def _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZE: tl.constexpr,
+               X_MODE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr) -> tuple:  # fmt: skip
+    """A whole step at once (WIDE): x [BM, BLOCK_K] as bf16 operands (FP8-g32 qdq'ed here when X_MODE
+    is 1) and W [BN, BLOCK_K] dequantized here, each scale block of 32 columns by its own scale. One
+    load per operand and step keeps BLOCK_K bytes of each weight row in flight (16-byte vectors)."""
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZE, BLOCK_K, False,
+                       EVEN_K)  # fmt: skip
+    blocks = c0 // 32 + tl.arange(0, GROUPS)
+    s_mask = n_mask[:, None] & (blocks[None, :] < -(-K_SIZE // 32))  # no scale byte past K is read
+    s = tl.load(s_ptr + (w_rows // 32)[:, None] * s_stride + blocks[None, :], mask=s_mask, other=127)
+    w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, GROUPS, 32)) * e8m0_to_f32(s)[:, :, None]
+    w = tl.reshape(w3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
+    if X_MODE == 1:
+        x3 = tl.reshape(x.to(tl.float32), (x.shape[0], GROUPS, 32))
+        amax = tl.max(tl.abs(x3), axis=2)
+        scale, inverse = pow2_scale(amax, 1e-4, 0.002232142857142857)  # fp8_g32_quantize's codec
+        q = e4m3_grid(x3 * inverse[:, :, None]).to(tl.float8e4nv)
+        x = tl.reshape(q.to(tl.float32) * scale[:, :, None], (x.shape[0], BLOCK_K))
+    return x.to(tl.bfloat16), w
+
+
+@triton.jit
+def _dot_step(w, x, acc, EMU_F32: tl.constexpr, BLOCK_K: tl.constexpr) -> tl.tensor:
+    """acc^T + w . x^T over one WIDE step: on the GPU one dot (the same tensor-core steps, in the same
+    order, as BLOCK_K / 32 chunk dots); under the interpreter one FP64 dot per 32-column chunk (the
+    others masked to zero, which adds exactly nothing), as the chunked path rounds."""
+    if EMU_F32:
+        chunk = tl.arange(0, BLOCK_K) // 32
+        for kk in tl.static_range(BLOCK_K // 32):
+            sel = (chunk == kk)[None, :]
+            acc = _dot(tl.where(sel, w, 0.0), tl.trans(tl.where(sel, x, 0.0)), acc, True)
+    else:
+        acc = _dot(w, tl.trans(x), acc, False)
+    return acc
+
+
+@triton.jit
 def gemm_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
     out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, W_FP8: tl.constexpr,
     X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along
     K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out [M, G, N] in its
     dtype, or the FP32 partial of split s at out + s * out_stride_s when K is split (K_SPLIT then a
     multiple of BLOCK_K). SWAPPED accumulates out^T tiles. A step of BLOCK_K columns is one dot when
-    both operands are bf16 already, else BLOCK_K / 32 chunks (same tensor-core steps, same order)."""
+    both operands are bf16 already, else BLOCK_K / 32 chunks (same tensor-core steps, same order), or
+    (WIDE, swapped without split pieces) one load and dequantization of the whole step, then one dot."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     CHUNKED: tl.constexpr = W_FP8 or X_MODE != 0
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -137,7 +183,11 @@ def gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_lo = split * K_SPLIT
     for k_step in range(0, K_SPLIT, BLOCK_K):
-        if CHUNKED:
+        if WIDE:
+            x, w = _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step, s_stride, K_SIZE,
+                              X_MODE, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+            acc = _dot_step(w, x, acc, EMU_F32, BLOCK_K)
+        elif CHUNKED:
             for kk in tl.static_range(BLOCK_K // 32):
                 x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step + kk * 32,
                                    s_stride, K_SIZE, 32, W_FP8, EVEN_K)  # fmt: skip
@@ -192,7 +242,7 @@ def launch(
 
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
-    block_m, block_n, block_k, num_warps, num_stages, swapped = tiles[:6]
+    block_m, block_n, block_k, num_warps, num_stages, swapped, wide = tiles[:7]
     if splits > 1 and k_size % (block_k * splits):
         raise ValueError(f"linear: K = {k_size} is not a multiple of BLOCK_K ({block_k}) x {splits} splits")
     mode = x_mode(x, quantize)
@@ -206,6 +256,7 @@ def launch(
         x, w, scale, target, m_size, n_size, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
         out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits, W_FP8=bool(swapped),
         X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda, EVEN_K=(k_size // splits) % block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, WIDE=bool(swapped and wide and mode != X_SPLIT),
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     reduce_splits(target, out, splits)
