@@ -165,6 +165,12 @@ class BucketRunner(Protocol):
     def program(self, key: Key, lower: Callable[[], Program]) -> Any:
         """The bucket's program as this runner executes it (lowered on the key's first use)."""
 
+    def capture_facts(self) -> dict[str, Any]:
+        """JSON-able facts capturing learnt (which rules can be captured) that a bundle keeps."""
+
+    def adopt_capture_facts(self, facts: Mapping[str, Any]) -> None:
+        """Takes a bundle's `capture_facts` instead of finding them out again."""
+
     def run(
         self,
         key: Key,

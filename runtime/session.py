@@ -161,6 +161,7 @@ class Session:
         self.bundle = bundle
         if bundle is not None:
             self.graph: Graph = bundle.target_graph(self._weight_types)
+            self.runner.adopt_capture_facts(bundle.capture_facts())
         else:
             self.graph = model.trace_step(self._weight_types, debug=debug)
         self.graphs: dict[bool, Graph] = {False: self.graph}  # truncated prefill -> its graph variant

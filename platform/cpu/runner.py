@@ -33,6 +33,13 @@ class Runner:
         """Steps run at their own sizes: a program per distinct size costs only its lowering here."""
         return n
 
+    def capture_facts(self) -> dict[str, Any]:
+        """Nothing is captured here, so nothing is learnt for a bundle."""
+        return {}
+
+    def adopt_capture_facts(self, facts: Mapping[str, Any]) -> None:
+        del facts
+
     def program(self, key: Key, lower: Callable[[], Program]) -> Program:
         if key not in self.programs:
             self.programs[key] = lower()

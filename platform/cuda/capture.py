@@ -40,6 +40,7 @@ from dsgraph.platform.cuda.execute import DeviceProgram, call_rule, write_back
 from dsgraph.platform.registry import LoweredStep
 
 _PROBED: dict[tuple[Any, ...], tuple[bool, str]] = {}
+_ADOPTED: dict[str, tuple[bool, str]] = {}  # verdicts read from a bundle, by the text of their key
 
 
 class _NoSuchError(Exception):
@@ -63,8 +64,22 @@ def capturable(step: LoweredStep) -> tuple[bool, str]:
     except TypeError:  # unhashable params: probe every time
         return _probe(step)
     if key not in _PROBED:
-        _PROBED[key] = _probe(step)
+        _PROBED[key] = _ADOPTED.get(repr(key)) or _probe(step)
     return _PROBED[key]
+
+
+def probed_verdicts() -> dict[str, tuple[bool, str]]:
+    """The probe's verdicts so far, keyed by the text of what they depend on (op, params, operand types):
+    a bundle keeps them, so a start from it needs no fake-tensor probe (whose import alone pulls in
+    torch's compiler stack, seconds of a start). Keys whose text names an object's address are left out:
+    they would not match in another process."""
+    return {repr(k): v for k, v in _PROBED.items() if " at 0x" not in repr(k)}
+
+
+def adopt_verdicts(verdicts: Mapping[str, Any]) -> None:
+    """Takes verdicts of `probed_verdicts` (from a bundle compiled by the same dsgraph and torch, which
+    its manifest checks) in place of probing the same keys again."""
+    _ADOPTED.update({k: (bool(v[0]), str(v[1])) for k, v in verdicts.items()})
 
 
 def _probe(step: LoweredStep) -> tuple[bool, str]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.platform.cuda.capture import CapturedStep, Piece
+from dsgraph.platform.cuda.capture import CapturedStep, Piece, adopt_verdicts, probed_verdicts
 from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.platform.registry import Key, Platform, Program
 
@@ -45,6 +45,13 @@ class Runner:
         self.pads = True
         self.table = replay_table
         self.native_keys: dict[Key, list[int]] = {}  # bucket -> its key in the native table
+
+    def capture_facts(self) -> dict[str, Any]:
+        """What capturing found out that a start from a bundle can reuse: which rules can be captured."""
+        return {"verdicts": probed_verdicts()}
+
+    def adopt_capture_facts(self, facts: Mapping[str, Any]) -> None:
+        adopt_verdicts(facts.get("verdicts", {}))
 
     def program(self, key: Key, lower: Callable[[], Program]) -> DeviceProgram:
         if key not in self.programs:

@@ -193,6 +193,7 @@ def compile_bundle(
         ),
     }
     _placement(tmp, rank)
+    store.write_json(tmp, store.CAPTURE, engine.session.runner.capture_facts())
     written = write_manifest(tmp, manifest)
     shutil.rmtree(out, ignore_errors=True)  # an empty folder (_prepare_out refused any other)
     tmp.rename(out)

@@ -84,6 +84,10 @@ def describe(path: str | Path) -> str:
     if (root / store.PLACEMENT).is_file():
         moes = store.read_json(root, store.PLACEMENT)["moes"]
         lines.append(f"expert placement: {len(moes)} MoEs ({store.PLACEMENT})")
+    verdicts = bundle.capture_facts().get("verdicts", {})
+    if verdicts:
+        eager = sum(1 for ok, _ in verdicts.values() if not ok)
+        lines.append(f"capture: {len(verdicts)} probed rule keys, {eager} eager ({store.CAPTURE})")
     lines.append(f"files: {len(files)} + manifest, {_size(total)}")
     return "\n".join(lines) + "\n"
 

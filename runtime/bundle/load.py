@@ -16,6 +16,7 @@ from dsgraph.platform import env
 from dsgraph.platform.registry import LoweredStep, Platform, Program, get_platform
 from dsgraph.runtime.bundle import checks, store
 from dsgraph.runtime.bundle.buckets import STEP_DIM_ORDER, BucketSpec, bucket_name, enumerate_buckets
+from dsgraph.runtime.bundle.kernels import repoint_groups
 from dsgraph.runtime.bundle.manifest import COMPILED_FIELDS, config_hash, current_environment, read_manifest
 
 __all__ = ["Bundle", "bind_program", "open_bundle"]
@@ -133,6 +134,11 @@ class Bundle:
         self.programs_loaded += 1
         return bind_program(store.read_graph(self.root, store.graph_path(kind, bucket)), platform)
 
+    def capture_facts(self) -> dict[str, Any]:
+        """What the compile's captures learnt (runner.capture_facts), {} for a bundle without them."""
+        path = self.root / store.CAPTURE
+        return store.read_json(self.root, store.CAPTURE) if path.is_file() else {}
+
     def sampler_graphs(self) -> dict[str, Graph]:
         return {name: self.graph(f"sampler/{name}") for name in self.manifest["sampler_graphs"]}
 
@@ -150,6 +156,7 @@ class Bundle:
             return None
         dest = env.cache_home() / "dsgraph" / "bundle-kernels" / self.manifest["manifest_sha256"][:16]
         shutil.copytree(self.root / store.KERNELS, dest, dirs_exist_ok=True)
+        repoint_groups(dest)  # Triton reads a kernel only at the paths its group file names
         env.set_triton_cache_dir(dest)
         self.kernel_dir = dest
         return dest

@@ -28,6 +28,7 @@ __all__ = [
 KERNELS = "kernels"  # the Triton cache folder (cuda)
 TABLES = "tables.json"  # tuned tables: the throughput curve and the draft cost
 PLACEMENT = "placement.json"  # expert placement of an expert-parallel bundle
+CAPTURE = "capture.json"  # what capturing learnt (which rules can be captured), so a start does not probe
 
 
 def graph_path(kind: str, bucket: str) -> str:

@@ -138,6 +138,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
         "model": _model_name(args),
         "config": task["config"],
         "prompt_tokens": args.prompt_tokens,
+        # module imports compile Python sources to bytecode unless a cached .pyc is found: both starts
+        # pay the same, but only where bytecode can be written does the first start's work carry over
+        "python_bytecode": {"written": not sys.flags.dont_write_bytecode, "prefix": sys.pycache_prefix},
         "cold_ttft_s": cold["ttft_s"],
         "bundle_ttft_s": warm["ttft_s"],
         "ratio": ratio,

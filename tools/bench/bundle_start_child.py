@@ -36,12 +36,29 @@ def _timed_weights(platform: str) -> dict[str, float]:
     return spent
 
 
+def _kernel_events(platform: str) -> dict[str, list[str]]:
+    """Triton's compile events from now on, by kernel name: "compiled" (a cache miss) and "cached" (read
+    from the cache folder). Counted from Triton itself, not from the files in its cache: a miss whose
+    kernel has the hash of one already there rewrites the same files."""
+    events: dict[str, list[str]] = {"compiled": [], "cached": []}
+    if platform != "cuda":
+        return events
+    from triton import knobs
+
+    def listen(*, src: Any, metadata: Any, metadata_group: Any, times: Any, cache_hit: bool) -> None:
+        del src, metadata_group, times
+        events["cached" if cache_hit else "compiled"].append(str(metadata.get("name", "?")))
+
+    knobs.compilation.listener = listen
+    return events
+
+
 def _start(model: str, config: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
-    from dsgraph.runtime.bundle.kernels import count_compiled
     from dsgraph.runtime.llm import LLM
     from dsgraph.runtime.sampling_params import SamplingParams
 
     spent = _timed_weights(config["platform"])
+    kernels = _kernel_events(config["platform"])
     start = time.perf_counter()
     llm = LLM(model, **config)
     _sync(config["platform"])
@@ -57,12 +74,11 @@ def _start(model: str, config: dict[str, Any], prompt: list[int]) -> dict[str, A
         "total_s": total,
         "token": list(out[0].outputs[0].token_ids),
         "programs_built": llm.engine.session.programs_built,
+        "kernels_compiled_at_start": len(kernels["compiled"]),
+        "kernels_read_from_cache": len(kernels["cached"]),
+        "compiled_kernels": sorted(set(kernels["compiled"])),
     }
     if bundle is not None:
-        shipped = len(bundle.manifest["kernels"].get("binaries", []))
-        result["kernels_compiled_at_start"] = (
-            count_compiled(bundle.kernel_dir) - shipped if bundle.kernel_dir else 0
-        )
         result["programs_loaded"] = bundle.programs_loaded
     return result
 
@@ -101,6 +117,7 @@ def _profiled(task: dict[str, Any]) -> dict[str, Any]:
             text.write("(a thread still running: its profile is left out)\n")
     stats.sort_stats("cumulative").print_stats(60)
     stats.sort_stats("tottime").print_stats(60)
+    stats.print_callers("acquire|waitpid|builtins.compile")  # who waits on a lock or a child, who compiles
     folder = Path(task["profile"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{task['mode']}.txt").write_text(text.getvalue())
