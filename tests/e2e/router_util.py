@@ -27,18 +27,24 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 README_PORTS = ("8001", "8002", "8000")  # engine 1, engine 2, router in the README's deployment
 
 
-def readme_deployment() -> list[list[str]]:
-    """The README's three commands (two engines, the router) as argv lists after `dsgraph`."""
-    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "dsgraph router --normal" in b)
+def shell_block(doc: Path, marker: str, count: int) -> list[list[str]]:
+    """The `count` commands of the ```sh block of `doc` that contains `marker`, as argv lists after
+    `dsgraph` (trailing `&` and `# comments` dropped)."""
+    blocks = re.findall(r"```sh\n(.*?)```", doc.read_text(), re.S)
+    block = next(b for b in blocks if marker in b)
     cmds = [
         shlex.split(re.sub(r"\s+#\s.*$", "", line).strip().removesuffix("&")) for line in block.splitlines()
     ]
-    assert len(cmds) == 3 and all(c[0] == ".venv/bin/dsgraph" for c in cmds), cmds
+    assert len(cmds) == count and all(c[0] == ".venv/bin/dsgraph" for c in cmds), cmds
     return [c[1:] for c in cmds]
 
 
-def _on_ports(argv: list[str], ports: dict[str, int]) -> list[str]:
+def readme_deployment() -> list[list[str]]:
+    """The README's three commands (two engines, the router)."""
+    return shell_block(README, "dsgraph router --normal", 3)
+
+
+def on_ports(argv: list[str], ports: dict[str, int]) -> list[str]:
     """`argv` with the README's ports replaced by free ones (also inside URLs)."""
     out = []
     for arg in argv:
@@ -135,7 +141,7 @@ class Deployment:
 
     def __init__(self) -> None:
         ports = {old: free_port() for old in README_PORTS}
-        serve_a, serve_b, route = (_on_ports(c, ports) for c in readme_deployment())
+        serve_a, serve_b, route = (on_ports(c, ports) for c in readme_deployment())
         self.engines = [EngineProcess(serve_a, ports["8001"]), EngineProcess(serve_b, ports["8002"])]
         self.router_argv, self.router_port = route, ports["8000"]
 
@@ -158,6 +164,7 @@ class StreamResult:
     error: dict[str, Any] | None = None  # an error event
     status: int = 0
     chunks: int = 0
+    usage: dict[str, Any] | None = None  # the last chunk's, when the request asked for it
     events: list[str] = field(default_factory=list)
 
     @property
@@ -175,11 +182,13 @@ def chat_body(prompt: str, max_tokens: int, stream: bool = True) -> dict[str, An
     }
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> StreamResult:
-    """One chat stream, read to its end; a connection that breaks is recorded, never raised."""
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> StreamResult:
+    """One chat (a body with messages) or completions stream, read to its end; a connection that breaks
+    is recorded, never raised."""
     out = StreamResult()
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+        async with client.stream("POST", f"{url}{path}", json=body) as resp:
             out.status = resp.status_code
             if resp.status_code != 200:
                 out.error = json.loads(await resp.aread())
@@ -202,9 +211,10 @@ def _read_line(out: StreamResult, line: str) -> None:
     if "error" in value:
         out.error = value
         return
+    out.usage = value.get("usage") or out.usage
     for choice in value.get("choices", []):
         out.chunks += 1
-        out.text += choice.get("delta", {}).get("content") or ""
+        out.text += choice.get("delta", {}).get("content") or choice.get("text") or ""
         out.finish = choice.get("finish_reason") or out.finish
 
 
@@ -214,7 +224,7 @@ def run_streams(url: str, bodies: list[dict[str, Any]], during: Any = None) -> l
     async def main() -> list[StreamResult]:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120), limits=limits) as client:
-            tasks = [asyncio.ensure_future(stream_chat(client, url, b)) for b in bodies]
+            tasks = [asyncio.ensure_future(stream_one(client, url, b)) for b in bodies]
             if during is not None:
                 await during(tasks)
             return list(await asyncio.gather(*tasks))

@@ -1,0 +1,159 @@
+"""`dsgraph router --prefill P1 P2 --decode C1 C2` in front of two prompt and two completion engines
+(`dsgraph serve --engine-type`, separate processes sharing a store directory: docs/router.md's five
+commands) on loopback, tiny model, CPU. One cluster and one router serve every test of this file:
+200 concurrent streams (greedy and seeded) with none lost, each one's tokens equal to a NORMAL engine's,
+every request prefilled on a prompt engine and decoded on a completion engine, none of the four starved."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsgraph.runtime.engine import Engine, EngineConfig
+from dsgraph.runtime.server.app import create_app
+from dsgraph.runtime.server.protocol import recipe_tokenizer
+from dsgraph.tools.generate_cmd import default_model_dir
+from tests.e2e.router_util import (
+    MODEL,
+    EngineProcess,
+    RouterProcess,
+    StreamResult,
+    free_port,
+    on_ports,
+    run_streams,
+    shell_block,
+)
+from tests.e2e.serve_util import scrape, serving
+
+pytestmark = pytest.mark.slow
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "router.md"
+DOC_PORTS = ("8101", "8102", "8103", "8104", "8100")  # prompt 1, 2, completion 1, 2, router
+TOKENS = 6  # generated per request (ignore_eos: every complete stream has exactly this many)
+PROMPTS = [[(11 * k + 3 * j) % 150 + 5 for j in range(6 + 3 * k)] for k in range(10)]  # 6..33 tokens
+SEEDS = 20  # distinct seeds of the seeded requests (so 20 references, not 200)
+
+
+@dataclass
+class Cluster:
+    prompts: list[EngineProcess]
+    completions: list[EngineProcess]
+    router: RouterProcess
+
+    @property
+    def engines(self) -> list[EngineProcess]:
+        return self.prompts + self.completions
+
+
+def _doc_cluster(store: Path) -> tuple[list[EngineProcess], list[str], int]:
+    """docs/router.md's five commands on free ports, their store in `store`."""
+    ports = {old: free_port() for old in DOC_PORTS}
+    cmds = [on_ports(c, ports) for c in shell_block(DOC, "dsgraph router --port 8100 --prefill", 5)]
+    cmds = [[str(store) if a == "/tmp/kv" else a for a in c] for c in cmds]
+    engines = [EngineProcess(c, int(c[c.index("--port") + 1])) for c in cmds[:4]]
+    return engines, cmds[4], ports["8100"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    engines, router_argv, router_port = _doc_cluster(tmp_path_factory.mktemp("kv"))
+    by_port = {e.port: e for e in engines}
+    try:
+        for e in engines:
+            e.start()
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda e: e.wait_healthy(), engines))
+        # a tiny model's sequence holds about 20 KV tokens: 64 weigh one sequence, so KV counts in the
+        # placement (the default 4096 suits a real model's contexts)
+        r = RouterProcess(router_argv, router_port, "--kv-per-seq", "64")
+        try:
+            r.wait_ready()
+            prompts = [by_port[int(u.rsplit(":", 1)[1])] for u in _urls(router_argv, "--prefill")]
+            completions = [by_port[int(u.rsplit(":", 1)[1])] for u in _urls(router_argv, "--decode")]
+            yield Cluster(prompts, completions, r)
+        finally:
+            r.stop()
+    finally:
+        for e in engines:
+            e.stop()
+
+
+def _urls(argv: list[str], flag: str) -> list[str]:
+    """The URLs after `flag` in `argv`, up to the next flag."""
+    rest = argv[argv.index(flag) + 1 :]
+    return rest[: next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+
+def _body(prompt: list[int], seed: int | None, tokens: int = TOKENS) -> dict[str, Any]:
+    sampling = {"temperature": 0} if seed is None else {"temperature": 0.9, "top_p": 0.95, "seed": seed}
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **sampling,
+    }
+
+
+def _key(k: int) -> tuple[int, int | None]:
+    """Request k of a load: its prompt, and its seed (None: greedy) for the odd ones; periodic in k
+    with period SEEDS (a multiple of len(PROMPTS))."""
+    return k % len(PROMPTS), (None if k % 2 == 0 else 1000 + k % SEEDS)
+
+
+def _bodies(count: int, tokens: int = TOKENS) -> list[dict[str, Any]]:
+    return [_body(PROMPTS[p], s, tokens) for p, s in map(_key, range(count))]
+
+
+@pytest.fixture(scope="module")
+def alone() -> dict[tuple[int, int | None, int], str]:
+    """What one NORMAL engine answers, per (prompt, seed, max_tokens): the reference of routed streams."""
+    engine = Engine(default_model_dir(), EngineConfig(max_model_len=256, max_num_seqs=8))
+    keys = sorted({(*_key(k), n) for k in range(SEEDS) for n in (TOKENS, 12)}, key=str)
+    with serving(create_app(engine, MODEL, recipe_tokenizer(default_model_dir()))) as url:
+        results = run_streams(url, [_body(PROMPTS[p], s, n) for p, s, n in keys])
+    for r, (_, _, n) in zip(results, keys, strict=True):
+        _check_complete(r, n)
+    return {k: r.text for k, r in zip(keys, results, strict=True)}
+
+
+def _check_complete(r: StreamResult, tokens: int) -> None:
+    """A stream that ended properly: [DONE], its finish reason, exactly `tokens` tokens."""
+    assert r.ok, r
+    assert r.finish == "length" and r.usage is not None and r.usage["completion_tokens"] == tokens, r
+
+
+def _check_same(results: list[StreamResult], alone: dict[Any, str], tokens: int = TOKENS) -> None:
+    for k, r in enumerate(results):
+        _check_complete(r, tokens)
+        assert r.text == alone[(*_key(k), tokens)], (k, r.text)
+
+
+def _admitted(e: EngineProcess) -> float:
+    """Requests the completion engine admitted (its own /metrics)."""
+    return scrape(e.url).get('dsgraph_pd_handoffs_total{result="admitted"}', 0.0)
+
+
+def _exported(e: EngineProcess) -> float:
+    """Requests the prompt engine prefilled and handed over (its own /metrics)."""
+    return scrape(e.url).get('dsgraph_pd_handoffs_total{result="exported"}', 0.0)
+
+
+def test_200_streams_greedy_and_seeded_none_lost_same_tokens_as_one_engine(cluster, alone) -> None:  # type: ignore[no-untyped-def]
+    before = [_exported(e) for e in cluster.prompts] + [_admitted(e) for e in cluster.completions]
+    results = run_streams(cluster.router.url, _bodies(200))
+    lost = [k for k, r in enumerate(results) if not r.ok]
+    assert not lost, [results[k] for k in lost[:3]]
+    _check_same(results, alone)
+    after = [_exported(e) for e in cluster.prompts] + [_admitted(e) for e in cluster.completions]
+    share = [a - b for a, b in zip(after, before, strict=True)]
+    # every request was prefilled on a prompt engine and decoded on a completion engine, each engine
+    # taking a share (none starved)
+    assert sum(share[:2]) == sum(share[2:]) == 200 and min(share) >= 50, share
