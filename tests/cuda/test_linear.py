@@ -326,14 +326,14 @@ def test_k_splits_depend_on_the_weight_shape_only() -> None:
 def test_split_k_matches_the_cpu_rule_and_keeps_rows_batch_invariant(
     case: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """K = 512 cut into 4 ranges of 128 (the split constants scaled down to the tiny shapes): the result
-    stays within the cpu rule's tolerance, and each row has the same bits alone and in batches that pick
-    other tiles (1, 7, 70 rows)."""
-    monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 128)
-    monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 128)
+    """K = 1024 cut into 4 ranges of 256 (the split constants scaled down to the tiny shapes; 256 is the
+    largest BLOCK_K of the tile table): the result stays within the cpu rule's tolerance, and each row has
+    the same bits alone and in batches that pick other tiles (1, 7, 70 rows)."""
+    monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 256)
+    monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 256)
     monkeypatch.setattr(cuda_linear, "SPLIT_TARGET", 1 << 30)
     weight_format, act_quant, x_dtype, out_dtype = case
-    n, k = 96, 512
+    n, k = 96, 1024
     assert cuda_linear.k_splits(1, n, k) == 4
     gen = torch.Generator().manual_seed(17)
     p = _params(weight_format, act_quant, out_dtype)
