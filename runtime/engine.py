@@ -159,9 +159,8 @@ class Engine:
             ),
             curve,
         )
-        overlap = (config.engine_type == "normal" and resolve_overlap(config, spec.enabled)) or (
-            config.engine_type == "prompt" and config.overlap == "on"
-        )
+        # a COMPLETION engine runs without overlap: its loop of admitted handoffs has no overlapped form
+        overlap = config.engine_type != "completion" and resolve_overlap(config, spec.enabled)
         self.overlap = (SpecOverlap(self) if spec.enabled else OverlapLoop(self)) if overlap else None
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted

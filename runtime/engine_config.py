@@ -59,8 +59,9 @@ class EngineConfig:
     draft_pause: bool = True
     draft_cost: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     # Zero-overhead scheduling (runtime/engine_overlap.py): the host commits step N, detokenizes and plans
-    # step N+2 while the device runs step N+1. "auto": on for platform cuda without DSpark drafting, off
-    # on cpu; "on" / "off". Steps with prompt logprobs or teacher-forced tokens run without overlap.
+    # step N+2 while the device runs step N+1. "auto": on for platform cuda (NORMAL and PROMPT engines),
+    # off on cpu; "on" / "off". COMPLETION engines and steps with prompt logprobs or teacher-forced tokens
+    # run without overlap.
     overlap: str = "auto"
     # Prefill/decode disaggregation (runtime/kvstore/pd_engines.py): "normal" prefills and decodes;
     # "prompt" prefills, hands the caches off and stops at the first token; "completion" admits handed-off

@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 
 def resolve_overlap(config: EngineConfig, drafting: bool) -> bool:
-    """Whether the engine overlaps steps: "auto" on platform cuda (with DSpark drafting too: the
-    `SpecOverlap` loop of runtime/spec_overlap.py)."""
+    """Whether a NORMAL or PROMPT engine overlaps steps: "auto" on platform cuda (with DSpark drafting
+    too: the `SpecOverlap` loop of runtime/spec_overlap.py; on a PROMPT engine it prefilled 8 prompts of
+    4,096 tokens 1.40x faster on the H200, bench/results/pd-overlap-H200-2cf7ef2.json)."""
     if config.overlap == "auto":
         return config.platform == "cuda"
     return config.overlap == "on"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsgraph.tools.bench.pd_handoff import _bench_model_dir, add_model_arguments
+from dsgraph.tools.bench.pd_handoff import _bench_model_dir, _device, add_model_arguments
 
 
 def _engine(model: Path, args: argparse.Namespace, overlap: str) -> Any:
@@ -94,7 +94,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["speedup"] = row["overlap_off_s"] / row["overlap_on_s"]
         rows.append(row)
         print(json.dumps(row))
-    out = {"platform": args.platform, "chunk": args.chunk, "rows": rows}
+    from dsgraph.tools.bench.run import commit
+
+    out = {
+        "bench": "pd-overlap",
+        "device": _device(args.platform),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "platform": args.platform,
+        "chunk": args.chunk,
+        "rows": rows,
+    }
     path = Path(args.out or Path("bench/results") / f"pd-overlap-{args.platform}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
