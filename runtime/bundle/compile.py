@@ -26,7 +26,7 @@ from dsgraph.runtime.bundle.manifest import (
     current_environment,
     write_manifest,
 )
-from dsgraph.runtime.bundle.warm import warm_inputs
+from dsgraph.runtime.bundle.warm import warm_inputs, warm_truncated_inputs
 
 __all__ = ["compile_bundle"]
 
@@ -50,12 +50,22 @@ def _engine(model_dir: Path, config: Any, ep: int, extra_experts: int | None) ->
     return Engine(model_dir, config, rank=rank), rank
 
 
+def _warm_step(engine: Any, kind: str, dims: dict[str, int]) -> dict[str, Any] | None:
+    """The step that fills the bucket (None: a truncated bucket no step can reach, never run)."""
+    model = engine.session.model
+    seqs = min(dims["seqs"], engine.session.cache_sizes.num_slots)
+    if kind == "step":
+        return warm_inputs(model, dims["tokens"], seqs, dims["outs"])
+    mode = engine.config.prefill_truncation
+    return warm_truncated_inputs(model, dims["tokens"], seqs, dims["outs"], dims.get("kept", 0), mode)
+
+
 def _step_program(engine: Any, kind: str, dims: dict[str, int], warm: bool) -> Any:
     session = engine.session
     sizes = {**session.cache_sizes.sizes(), **dims}
-    if warm and kind == "step":
-        slots = session.cache_sizes.num_slots
-        session.run(warm_inputs(session.model, dims["tokens"], min(dims["seqs"], slots), dims["outs"]))
+    step = _warm_step(engine, kind, dims) if warm else None
+    if step is not None:
+        session.run(step)
     return session._program(sizes, kind == "truncated")
 
 
@@ -88,7 +98,7 @@ def _buckets(root: Path, engine: Any, spec: BucketSpec, warm: bool, log: Any) ->
             if kind == "draft":
                 program = _draft_program(engine, dims["seqs"], warm)
             else:
-                program = _step_program(engine, kind, dims, warm and kind == "step")
+                program = _step_program(engine, kind, dims, warm)
             out[kind][name] = _write_bucket(root, kind, name, program)
             log(f"  {kind} {name} ({i + 1}/{len(names)})")
     for t in engine.session.caches.values():  # warm-up steps wrote them

@@ -33,7 +33,7 @@ def kernel_summary(folder: Path, platform: str, warmed: list[str]) -> dict[str, 
         "bytes": sum(p.stat().st_size for p in files),
         "warmed_kinds": warmed,
         "binaries": [{"name": p.stem, "bytes": p.stat().st_size, "dir": p.parent.name} for p in found],
-        "note": "Triton's cache; a truncated-prefill bucket's kernels compile on its first step",
+        "note": "Triton's cache, filled by running every bucket an engine step can reach",
     }
 
 

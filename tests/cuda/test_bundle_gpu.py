@@ -16,11 +16,16 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_bundle_start_compiles_no_kernel() -> None:
+@pytest.mark.parametrize("truncation", ["off", "compact"])
+def test_a_bundle_start_compiles_no_kernel(truncation: str) -> None:
+    """With compact truncation the compile also runs every reachable truncated bucket, and the start's
+    24-token prompt runs truncated (the tiny model keeps 14 rows: window 8 + backtrack 6) from the
+    bundle's kernels."""
     parser = argparse.ArgumentParser()
     bundle_start.add_arguments(parser)
     args = parser.parse_args(
         ["--platform", "cuda", "--model", str(default_model_dir()), "--max-num-batched-tokens", "16"]
+        + ["--prefill-truncation", truncation]
     )
     result = bundle_start.measure(args)
     assert result is not None and result["same_first_token"]

@@ -51,6 +51,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "speculative": args.speculative,
+        "prefill_truncation": args.prefill_truncation,
         "load_format": "dummy" if args.platform == "cuda" and not args.model else "auto",
     }
 
@@ -180,6 +181,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=2)
     p.add_argument("--max-num-batched-tokens", type=int, default=32, help="sets the bucket list compiled")
     p.add_argument("--speculative", choices=["auto", "dspark", "off"], default="off")
+    p.add_argument("--prefill-truncation", choices=["off", "mask", "compact"], default="off")
     p.add_argument("--prompt-tokens", type=int, default=24)
     p.add_argument("--timeout-s", type=float, default=1500.0, help="per process")
     p.add_argument(
