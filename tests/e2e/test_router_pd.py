@@ -1,13 +1,14 @@
 """`dsgraph router --prefill P1 P2 --decode C1 C2` in front of two prompt and two completion engines
 (`dsgraph serve --engine-type`, separate processes sharing a store directory: docs/router.md's five
-commands) on loopback, tiny model, CPU. One cluster and one router serve every test of this file:
-200 concurrent streams (greedy and seeded) with none lost, each one's tokens equal to a NORMAL engine's,
+commands) on loopback, tiny model, CPU. One cluster and one router serve every test of this file: 200
+concurrent streams (greedy and seeded) with none lost, each one's tokens equal to a NORMAL engine's,
 every request prefilled on a prompt engine and decoded on a completion engine, none of the four starved;
-under a skewed load (one request in four with a 100-token prompt) each completion engine's batch
-within 25% of the pair's mean and its KV tokens within 50%; a drain of a completion engine during load
-with no grace (its requests move with their KV to the other one: nothing lost, the same tokens, it exits 0, restarts and
-rejoins); a SIGKILL of a completion engine during load (every stream completes with the same tokens or
-ends with an error event naming it after its tokens; restarted, it rejoins and decodes again)."""
+under a skewed load (one request in four with a 100-token prompt) each completion engine's batch within
+25% of the pair's mean and its KV tokens within 50%; a drain of a completion engine during load with no
+grace (its requests move with their KV to the other one: nothing lost, the same tokens, it exits 0,
+restarts and rejoins); a SIGKILL of a completion engine during load (every stream completes with the
+same tokens or ends with an error event naming it after its tokens; restarted, it rejoins and decodes
+again)."""
 
 from __future__ import annotations
 
