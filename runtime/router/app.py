@@ -32,7 +32,10 @@ class Router:
 
     def __init__(self, cfg: RouterConfig, prior: QuadraticCost = DEFAULT_PRIOR) -> None:
         self.cfg = cfg
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        # idle connections are dropped before an engine's server closes them (uvicorn: after 5 s, the
+        # client's default too): reusing one the engine is closing fails the request and takes the
+        # engine out of the pool
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0)
         timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout)
         self.pool = Pool(cfg, self.client)

@@ -36,7 +36,9 @@ class Selector:
     def __init__(self, cfg: RouterConfig, pool: Pool, prior: QuadraticCost = DEFAULT_PRIOR) -> None:
         self.cfg, self.pool = cfg, pool
         self.cost = OnlineCost(prior)
-        self._rr = itertools.count()
+        # a counter per pick: a pair's two picks sharing one would take every other turn each, so with
+        # two engines of each role round robin would use one prompt and one completion engine only
+        self._rr = {True: itertools.count(), False: itertools.count()}  # by `prefill`
         self._random = random.Random(cfg.seed)
 
     @property
@@ -67,7 +69,7 @@ class Selector:
     def _pick(self, engines: list[EngineState], tokens: int, prefix: str, prefill: bool) -> EngineState:
         cfg = self.cfg
         if cfg.policy == "round_robin":
-            return engines[next(self._rr) % len(engines)]
+            return engines[next(self._rr[prefill]) % len(engines)]
         if cfg.policy == "random":
             return self._random.choice(engines)
         cands = [e.candidate() for e in engines]
@@ -75,7 +77,7 @@ class Selector:
             return engines[P.choose_least_requests(cands)]
         if prefill:
             return engines[self._plan(engines, tokens).index]
-        index = P.choose_decode(cands, tokens, cfg.kv_per_seq, next(self._rr))
+        index = P.choose_decode(cands, tokens, cfg.kv_per_seq, next(self._rr[False]))
         if cfg.prefix_affinity and prefix:
             preferred = P.rendezvous(prefix[: cfg.affinity_prefix_chars], cands)
             index = P.with_affinity(index, preferred, cands, tokens, cfg.kv_per_seq, cfg.affinity_slack)

@@ -202,11 +202,16 @@ async def _whole(call: _Call, choices: list[_Choice]) -> Response:
     return JSONResponse(body)
 
 
-async def _sse(call: _Call, choices: list[_Choice]) -> AsyncIterator[str]:
+async def _sse(
+    call: _Call,
+    choices: list[_Choice],
+    first: tuple[_Choice, TokenEvent],
+    rest: AsyncIterator[tuple[_Choice, TokenEvent]],
+) -> AsyncIterator[str]:
     want = call.req.params.logprobs is not None
     lps = {c.index: _Logprobs(call.state.loop.engine.tokenizer) if want else None for c in choices}
     try:
-        async for c, event in _merged(choices):
+        async for c, event in _prepend(first, rest):
             piece = _piece(call, c, event, lps[c.index])
             if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
                 yield f"data: {json.dumps(call.chunk([piece]))}\n\n"
@@ -235,7 +240,21 @@ async def _serve(state: ServerState, raw: bytes, track: Tracking) -> Response:
             return await _whole(call, choices)
         finally:
             _abort(state, choices)
-    return StreamingResponse(_sse(call, choices), media_type="text/event-stream")
+    # the status line waits for the first event: a request that fails before its first token (a
+    # prefill/decode handoff refused) gets an error status, which a router retries elsewhere
+    merged = _merged(choices)
+    try:
+        first = await anext(merged)
+    except BaseException:
+        _abort(state, choices)
+        raise
+    return StreamingResponse(_sse(call, choices, first, merged), media_type="text/event-stream")
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 def _model(body: Any) -> str | None:

@@ -136,6 +136,14 @@ class RouterProcess:
             self.proc.kill()
 
 
+def wait_rejoined(r: RouterProcess, url: str, timeout: float = 20) -> None:
+    """Returns once the router has `url` in its pool again (healthy, not draining)."""
+    deadline = time.time() + timeout
+    while not ((e := r.engines()[url])["healthy"] and not e["draining"]):
+        assert time.time() < deadline, f"{url} did not rejoin: {e}"
+        time.sleep(0.05)
+
+
 class Deployment:
     """The README's deployment on free loopback ports: two engines, and the router command to start."""
 

@@ -21,6 +21,7 @@ from tests.e2e.router_util import (
     chat_body,
     router,
     run_streams,
+    wait_rejoined,
 )
 
 pytestmark = pytest.mark.slow
@@ -79,17 +80,10 @@ def _served(url: str) -> float:
     return 0.0
 
 
-def _wait_rejoined(r: RouterProcess, url: str, timeout: float = 20) -> None:
-    deadline = time.time() + timeout
-    while not ((e := r.engines()[url])["healthy"] and not e["draining"]):
-        assert time.time() < deadline, f"{url} did not rejoin: {e}"
-        time.sleep(0.05)
-
-
 def _rejoins_and_serves(r: RouterProcess, engine: EngineProcess) -> None:
     engine.start()
     engine.wait_healthy()
-    _wait_rejoined(r, engine.url)
+    wait_rejoined(r, engine.url)
     before = _served(engine.url)
     assert all(x.ok for x in run_streams(r.url, _bodies(12, 2)))
     assert _served(engine.url) - before >= 3  # the engine takes its share again

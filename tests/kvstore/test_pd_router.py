@@ -1,7 +1,8 @@
 """`dsgraph router --prefill URL --decode URL` in front of a prompt server and a completion server on
 loopback (one process, threads): the client's completions equal one NORMAL server's (greedy, JSON and
-SSE); a request the prompt engine fails and a prompt engine that is gone give the client an error
-status, never an empty 200; a prompt server refuses a decode URL outside its --pd-peer list."""
+SSE); a request the prompt engine fails, a streamed completion whose handoff fails before its first
+token and a prompt engine that is gone give the client an error status, never an empty 200; a prompt
+server refuses a decode URL outside its --pd-peer list."""
 
 from __future__ import annotations
 
@@ -88,6 +89,21 @@ def test_router_pair_gives_a_normal_engines_tokens(pair: Pair, normal_url: str) 
 def test_the_prompt_server_refuses_a_decode_url_not_in_its_peers(pair: Pair) -> None:
     r = _complete(pair.p_url, headers={"x-dsgraph-decode-url": "http://127.0.0.1:9"})
     assert r.status_code == 400 and "x-dsgraph-decode-url" in r.text
+
+
+def test_a_streamed_completion_whose_handoff_fails_gets_an_error_status(pair: Pair) -> None:
+    # the status line waits for the first token: a handoff that fails before it (here the publish; a
+    # completion engine gone or draining alike) is an error status a router retries on another pair,
+    # not a 200 whose stream holds only the error
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "stream": True}
+    pair.pt.fault = "publish"
+    try:
+        with httpx.stream("POST", f"{pair.p_url}/v1/completions", json=body, timeout=30) as s:
+            s.read()
+    finally:
+        pair.pt.fault = None
+    assert s.status_code == 500 and "publish failed" in s.json()["error"]["message"], s.text
+    assert _stream_text(pair.p_url) == _stream_text(pair.url)  # the pair serves on
 
 
 def test_a_failed_prefill_is_an_error_status_not_an_empty_200(pair: Pair) -> None:

@@ -13,7 +13,9 @@ from dsgraph.runtime.router import policy as P
 from dsgraph.runtime.router.config import RouterConfig
 from dsgraph.runtime.router.cost import OnlineCost, QuadraticCost, fit_quadratic
 from dsgraph.runtime.router.forward import route_open
+from dsgraph.runtime.router.pool import Pool
 from dsgraph.runtime.router.routes import ROUTES, summarize
+from dsgraph.runtime.router.select import Selector
 
 
 def test_fit_recovers_a_quadratic_from_noisy_step_times() -> None:
@@ -104,6 +106,17 @@ def test_balanced_placement_of_a_skewed_mix_beats_round_robin() -> None:
     cost = lambda load: load[:, 0] + load[:, 1] / 4096  # noqa: E731
     assert cost(rr).max() / cost(rr).mean() > 1.7  # of at most 2 with two engines
     assert cost(bal).max() / cost(bal).mean() < 1.02
+
+
+def test_round_robin_of_pairs_goes_round_both_roles() -> None:
+    urls = [f"http://127.0.0.1:{p}" for p in range(9001, 9005)]
+    cfg = RouterConfig(prefill=tuple(urls[:2]), decode=tuple(urls[2:]), policy="round_robin")
+    pool = Pool(cfg, None)  # type: ignore[arg-type]  # no polls here: the engines are marked up
+    for e in pool.engines:
+        e.healthy = True
+    selector = Selector(cfg, pool)
+    pairs = [(c.prefill.url, c.engine.url) for c in (selector.choose(10, "") for _ in range(4))]  # type: ignore[union-attr]
+    assert {p for p, _ in pairs} == set(urls[:2]) and {d for _, d in pairs} == set(urls[2:]), pairs
 
 
 def test_prefill_goes_where_it_finishes_first() -> None:
