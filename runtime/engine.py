@@ -145,20 +145,7 @@ class Engine:
             structured=self.structured,
             spec=self.spec,
         )
-        self.scheduler = Scheduler(
-            SchedulerConfig.for_model(
-                self.model,
-                num_pages=[sizes.num_pages[r] for r in ratios(self.model.plans)],
-                replay=config.prefix_replay,
-                max_num_seqs=config.max_num_seqs,
-                num_slots=sizes.num_slots,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_prefix_cache=config.enable_prefix_cache,
-                engine_type=getattr(EngineType, config.engine_type.upper()),
-                **spec.scheduler_fields(),
-            ),
-            curve,
-        )
+        self.scheduler = self._scheduler(sizes, spec, curve)
         # a COMPLETION engine runs without overlap: its loop of admitted handoffs has no overlapped form
         overlap = config.engine_type != "completion" and resolve_overlap(config, spec.enabled)
         self.overlap = (SpecOverlap(self) if spec.enabled else OverlapLoop(self)) if overlap else None
@@ -172,6 +159,24 @@ class Engine:
 
     def _cache_sizes(self) -> CacheSizes:
         return cache_sizes(self.model, self.config)
+
+    def _scheduler(self, sizes: CacheSizes, spec: SpecSetup, curve: Any) -> Scheduler:
+        """The C++ scheduler over the session's pages and slots, with the engine's limits."""
+        config = self.config
+        return Scheduler(
+            SchedulerConfig.for_model(
+                self.model,
+                num_pages=[sizes.num_pages[r] for r in ratios(self.model.plans)],
+                replay=config.prefix_replay,
+                max_num_seqs=config.max_num_seqs,
+                num_slots=sizes.num_slots,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_prefix_cache=config.enable_prefix_cache,
+                engine_type=getattr(EngineType, config.engine_type.upper()),
+                **spec.scheduler_fields(),
+            ),
+            curve,
+        )
 
     def add_request(
         self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 def resolve_overlap(config: EngineConfig, drafting: bool) -> bool:
     """Whether a NORMAL or PROMPT engine overlaps steps: "auto" on platform cuda (with DSpark drafting
-    too: the `SpecOverlap` loop of runtime/spec_overlap.py; on a PROMPT engine it prefilled 8 prompts of
-    4,096 tokens 1.40x faster on the H200, bench/results/pd-overlap-H200-2cf7ef2.json)."""
+    too: the `SpecOverlap` loop of runtime/spec_overlap.py; on a PROMPT engine the planning it hides
+    outweighs the export's wait for the device, docs/pd.md)."""
     if config.overlap == "auto":
         return config.platform == "cuda"
     return config.overlap == "on"

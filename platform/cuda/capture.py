@@ -64,7 +64,7 @@ def capturable(step: LoweredStep) -> tuple[bool, str]:
     except TypeError:  # unhashable params: probe every time
         return _probe(step)
     if key not in _PROBED:
-        _PROBED[key] = _ADOPTED.get(repr(key)) or _probe(step)
+        _PROBED[key] = (_ADOPTED and _ADOPTED.get(repr(key))) or _probe(step)
     return _PROBED[key]
 
 
@@ -73,7 +73,8 @@ def probed_verdicts() -> dict[str, tuple[bool, str]]:
     a bundle keeps them, so a start from it needs no fake-tensor probe (whose import alone pulls in
     torch's compiler stack, seconds of a start). Keys whose text names an object's address are left out:
     they would not match in another process."""
-    return {repr(k): v for k, v in _PROBED.items() if " at 0x" not in repr(k)}
+    texts = ((repr(k), v) for k, v in _PROBED.items())
+    return {text: v for text, v in texts if " at 0x" not in text}
 
 
 def adopt_verdicts(verdicts: Mapping[str, Any]) -> None:

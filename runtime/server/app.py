@@ -42,6 +42,7 @@ from dsgraph.runtime.server.limits import (
 from dsgraph.runtime.server.metrics import Metrics
 from dsgraph.runtime.server.protocol import Prepared, conversion_options, max_bytes_per_token, prepare
 from dsgraph.runtime.server.request_log import Tracking, track_request
+from dsgraph.runtime.server.streams import prepend
 from dsgraph.runtime.server.structured_format import wait_grammar
 
 __all__ = ["FAULT_FIELD", "FORCED_FIELD", "ServerState", "create_app"]
@@ -179,12 +180,6 @@ async def _recipe_chunks(
             proc.close()
 
 
-async def _prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    yield first
-    async for chunk in rest:
-        yield chunk
-
-
 async def _sse(api: Api, chunks: AsyncIterator[Event]) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
@@ -208,10 +203,10 @@ async def _serve(state: ServerState, api: Api, body: bytes, track: Tracking) -> 
     # real error status, never a 200 stream.
     first = await anext(chunks)
     if prep.stream:
-        return StreamingResponse(_sse(api, _prepend(first, chunks)), media_type="text/event-stream")
+        return StreamingResponse(_sse(api, prepend(first, chunks)), media_type="text/event-stream")
     rid_text, created = api.head(json.loads(first.to_json()))  # id and creation time of the response
     response = api.response(rid_text, state.model_name, created, len(prep.prompt_ids), track.cached_tokens)
-    async for chunk in _prepend(first, chunks):
+    async for chunk in prepend(first, chunks):
         response.accumulate(chunk)
     return Response(response.to_json(), media_type="application/json")
 

@@ -24,6 +24,7 @@ from dsgraph.runtime.server.engine_loop import EngineDead
 from dsgraph.runtime.server.limits import parse_json, read_body
 from dsgraph.runtime.server.protocol import ApiError
 from dsgraph.runtime.server.request_log import Tracking, track_request
+from dsgraph.runtime.server.streams import prepend
 
 if TYPE_CHECKING:
     from dsgraph.runtime.server.app import ServerState
@@ -211,7 +212,7 @@ async def _sse(
     want = call.req.params.logprobs is not None
     lps = {c.index: _Logprobs(call.state.loop.engine.tokenizer) if want else None for c in choices}
     try:
-        async for c, event in _prepend(first, rest):
+        async for c, event in prepend(first, rest):
             piece = _piece(call, c, event, lps[c.index])
             if piece["text"] or piece["finish_reason"] or piece["logprobs"]:
                 yield f"data: {json.dumps(call.chunk([piece]))}\n\n"
@@ -249,12 +250,6 @@ async def _serve(state: ServerState, raw: bytes, track: Tracking) -> Response:
         _abort(state, choices)
         raise
     return StreamingResponse(_sse(call, choices, first, merged), media_type="text/event-stream")
-
-
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
 
 
 def _model(body: Any) -> str | None:

@@ -78,14 +78,6 @@ def _model_name(args: argparse.Namespace) -> str:
     return f"bench 8-layer full width, experts {args.experts or 'all'}"
 
 
-def _device(platform: str) -> str:
-    if platform != "cuda":
-        return "cpu"
-    import torch
-
-    return torch.cuda.get_device_name()
-
-
 STAGES = ("compile", "cold", "bundle")
 
 
@@ -119,7 +111,7 @@ def _stages(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     """The result, or None while a stage has not run yet (with --work, over several commands)."""
-    from dsgraph.tools.bench.run import commit
+    from dsgraph.tools.bench.run import commit, device_name
 
     if args.work:
         Path(args.work).mkdir(parents=True, exist_ok=True)
@@ -133,7 +125,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     ratio = cold["ttft_s"] / warm["ttft_s"]
     return {
         "bench": "bundle-start",
-        "device": _device(args.platform),
+        "device": device_name(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": _model_name(args),

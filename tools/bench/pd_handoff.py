@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from dsgraph.runtime.kvstore.config import StoreConfig
     from dsgraph.runtime.kvstore.store import TieredStore
     from dsgraph.runtime.kvstore.transport import make_transport
-    from dsgraph.tools.bench.run import commit
+    from dsgraph.tools.bench.run import commit, device_name
     from dsgraph.tools.generate_cmd import default_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="dsgraph-pd-bench-"))
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     text = p.cfg.text
     flash = parse_config(flash_config_dict()).text
     results: dict[str, Any] = {
-        "device": _device(args.platform),
+        "device": device_name(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model": "bench-8-layer" if args.bench_model else str(model),
@@ -256,11 +256,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _store_only(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from dsgraph.tools.bench.run import commit
+    from dsgraph.tools.bench.run import commit, device_name
 
     store_dir = Path(args.store_dir) if args.store_dir else tmp / "store"
     results = {
-        "device": _device(args.platform),
+        "device": device_name(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "store": _store_rates(store_dir / "rates", args.store_only, args.store_mib << 20, args.drop_caches),
@@ -270,14 +270,6 @@ def _store_only(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     return results
-
-
-def _device(platform: str) -> str:
-    if platform == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name()
-    return "cpu"
 
 
 if __name__ == "__main__":

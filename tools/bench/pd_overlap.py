@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dsgraph.tools.bench.pd_handoff import _bench_model_dir, _device, add_model_arguments
+from dsgraph.tools.bench.pd_handoff import _bench_model_dir, add_model_arguments
 
 
 def _engine(model: Path, args: argparse.Namespace, overlap: str) -> Any:
@@ -94,11 +94,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["speedup"] = row["overlap_off_s"] / row["overlap_on_s"]
         rows.append(row)
         print(json.dumps(row))
-    from dsgraph.tools.bench.run import commit
+    from dsgraph.tools.bench.run import commit, device_name
 
     out = {
         "bench": "pd-overlap",
-        "device": _device(args.platform),
+        "device": device_name(args.platform),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "platform": args.platform,

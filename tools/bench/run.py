@@ -45,6 +45,15 @@ def commit() -> str:
         return "unknown"
 
 
+def device_name(platform: str) -> str:
+    """What a result's "device" field says: the GPU's name on cuda, "cpu" otherwise."""
+    if platform != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def environment() -> dict[str, Any]:
     import triton
 
