@@ -278,9 +278,9 @@ def _moe_swap() -> None:
 
 def _linear(every: bool) -> None:
     """The linear kernels (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: for
-    FP8 weights every TILE_TABLE entry on each activation path serving uses (FP8-g32 quantized, bf16,
-    wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE entry; `every` adds the
-    sweep's candidates (tools/bench/linear_sweep.py)."""
+    FP8 weights every TILE_TABLE entry on each activation path serving uses (bf16, FP8-g32 qdq'ed before
+    the GEMM included, and wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE
+    entry; `every` adds the sweep's candidates (tools/bench/linear_sweep.py)."""
     from dsgraph.platform.cuda.kernels import linear as rule
     from dsgraph.platform.cuda.kernels import linear_bf16_tl as bf16
     from dsgraph.platform.cuda.kernels import linear_tl
@@ -302,8 +302,7 @@ def _linear(every: bool) -> None:
         linear_tl.reduce_splits_kernel, reduce, dict(SPLITS=4, BLOCK=linear_tl.REDUCE_BLOCK), 4, True
     )
     for t in sorted(tiles):
-        modes = ((bf16.X_QUANT, "*bf16"), (bf16.X_SPLIT, "*fp32")) if t.swapped else ((bf16.X_BF16, "*bf16"),)
-        modes += ((bf16.X_SPLIT, "*fp32"),) if not t.swapped else ()
+        modes = ((bf16.X_BF16, "*bf16"), (bf16.X_SPLIT, "*fp32"))
         for mode, x in modes:
             w = "*fp8e4nv" if t.swapped else "*bf16"
             types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16"}
