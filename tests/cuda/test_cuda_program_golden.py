@@ -40,7 +40,7 @@ def test_cuda_program_matches_golden(case: str, stage: str, update_goldens: bool
 @needs_triton
 def test_the_cuda_programs_name_their_kernels() -> None:
     text = _dumps("step")["decode.cuda"]
-    assert "-> cuda.kernels.attention.attention  launches: attention_tl.entry_rows_kernel" in text
+    assert "-> cuda.kernels.attention.attention  launches: attention_tl.split_kernel" in text
     assert "(fallback" not in text
 
 
