@@ -1,98 +1,111 @@
-"""The engine options `generate` and `serve` share: everything that shapes decoding is set the same way
-on both (EngineConfig fields, vLLM's flag names where they exist)."""
+"""The engine options `generate`, `serve` and `compile` share: everything that shapes decoding is set the
+same way on each (EngineConfig's flat option names, vLLM's flag names where they exist). Defaults and
+allowed values are EngineConfig's own (runtime/engine_config.py), so a flag cannot default differently
+from `LLM()`; the config validates the values."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from dsgraph.runtime import engine_config as ec
+
 __all__ = ["add_engine_args", "engine_kwargs"]
+
+# flag dest -> EngineConfig option, where the flag has vLLM's name
+_OPTION_OF = {"enable_prefix_caching": "enable_prefix_cache"}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
-    p.add_argument("--platform", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU kernels, graphs")
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (prefill chunk)")
+    d = ec.EngineConfig().flat()
+    p.add_argument("--numerics", choices=ec.NUMERICS, default=d["numerics"])
+    p.add_argument(
+        "--platform", choices=ec.PLATFORMS, default=d["platform"], help="cuda: GPU kernels, graphs"
+    )
+    p.add_argument("--max-model-len", type=int, default=d["max_model_len"])
+    p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"])
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d["max_num_batched_tokens"],
+        help="tokens per step (prefill chunk)",
+    )
     p.add_argument(
         "--load-format",
-        choices=["auto", "dummy"],
-        default="auto",
+        choices=ec.LOAD_FORMATS,
+        default=d["load_format"],
         help="dummy: random weights from config.json alone, generated on the device (benchmarks)",
     )
     p.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=d["enable_prefix_cache"],
         help="reuse the caches of earlier prompts' shared prefixes",
     )
     p.add_argument(
         "--prefix-replay",
-        choices=["exact", "window"],
-        default="exact",
+        choices=ec.PREFIX_REPLAY,
+        default=d["prefix_replay"],
         help="exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
     )
     p.add_argument(
         "--prefill-truncation",
-        choices=["off", "mask", "compact"],
-        default="off",
+        choices=ec.TRUNCATION_MODES,
+        default=d["prefill_truncation"],
         help="decoder layers run on each prompt's last tokens only: an approximation (see README)",
     )
     p.add_argument(
         "--prefill-keep-tokens",
         type=int,
-        default=None,
+        default=d["prefill_keep_tokens"],
         help="prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
     )
     p.add_argument(
         "--speculative",
-        choices=["auto", "dspark", "off"],
-        default="auto",
+        choices=ec.SPECULATIVE,
+        default=d["speculative"],
         help="DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)",
     )
-    p.add_argument("--verify-schedule", choices=["confidence", "fixed"], default="confidence")
-    p.add_argument("--draft-len", type=int, default=None, help="fixed schedule: drafts verified per request")
+    p.add_argument("--verify-schedule", choices=ec.VERIFY_SCHEDULES, default=d["verify_schedule"])
+    p.add_argument(
+        "--draft-len", type=int, default=d["draft_len"], help="fixed schedule: drafts verified per request"
+    )
     p.add_argument(
         "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
     )
     p.add_argument(
         "--overlap",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="plan step N+1 while step N runs (auto: on with cuda when not drafting)",
+        choices=ec.OVERLAP,
+        default=d["overlap"],
+        help="plan step N+1 while step N runs (auto: on with cuda)",
     )
     p.add_argument(
         "--engine-type",
-        choices=["normal", "prompt", "completion"],
-        default="normal",
+        choices=ec.ENGINE_TYPES,
+        default=d["engine_type"],
         help="prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
     )
     p.add_argument(
         "--bundle",
-        default=None,
+        default=d["bundle"],
         help="start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
+    )
+    p.add_argument(
+        "--capture",
+        action=argparse.BooleanOptionalAction,
+        default=d["capture"],
+        help="cuda: replay each bucket from CUDA graphs (--no-capture: run eagerly, for debugging)",
+    )
+    p.add_argument(
+        "--capture-max-tokens",
+        type=int,
+        default=d["capture_max_tokens"],
+        help="cuda: buckets of more tokens (long prefill chunks) run eagerly",
     )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """EngineConfig keyword arguments from the parsed flags."""
-    return {
-        "numerics": args.numerics,
-        "platform": args.platform,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "load_format": args.load_format,
-        "enable_prefix_cache": args.enable_prefix_caching,
-        "prefix_replay": args.prefix_replay,
-        "prefill_truncation": args.prefill_truncation,
-        "prefill_keep_tokens": args.prefill_keep_tokens,
-        "speculative": args.speculative,
-        "verify_schedule": args.verify_schedule,
-        "draft_len": args.draft_len,
-        "deterministic": args.deterministic,
-        "overlap": args.overlap,
-        "engine_type": args.engine_type,
-        "bundle": args.bundle,
-    }
+    """EngineConfig options (flat names, `EngineConfig.from_flat`) from the parsed flags: every flag whose
+    destination is an option's name (or vLLM's name for it)."""
+    options = {_OPTION_OF.get(dest, dest): value for dest, value in vars(args).items()}
+    return {name: value for name, value in options.items() if name in ec.FLAT}
