@@ -185,6 +185,7 @@ def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
             gpu_mem_gib=mem / GIB,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
             extra_experts=ep.extra_experts,
         )
         p = plan(load_config(root / "config.json"), req)
