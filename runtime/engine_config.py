@@ -12,8 +12,9 @@ each part is handed only the sub-config it needs (the session `cuda`, drafting `
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from dsgraph.models.interface import ROLLBACK_ROOM, TRUNCATION_MODES
@@ -243,14 +244,17 @@ class CudaConfig:
         _bool("EngineConfig.cuda.side_stream", self.side_stream, none=True)
 
 
-SUBCONFIGS: dict[str, type] = {
-    "scheduler": SchedulingConfig,
-    "cache": CacheConfig,
-    "speculative": SpeculativeConfig,
-    "truncation": TruncationConfig,
-    "load": LoadConfig,
-    "cuda": CudaConfig,
-}
+# read-only tables (MappingProxyType): nothing can re-map an option at run time
+SUBCONFIGS: Mapping[str, type] = MappingProxyType(
+    {
+        "scheduler": SchedulingConfig,
+        "cache": CacheConfig,
+        "speculative": SpeculativeConfig,
+        "truncation": TruncationConfig,
+        "load": LoadConfig,
+        "cuda": CudaConfig,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -347,7 +351,7 @@ def _flat_table() -> dict[str, tuple[str | None, str]]:
     return table
 
 
-FLAT = _flat_table()
+FLAT: Mapping[str, tuple[str | None, str]] = MappingProxyType(_flat_table())
 
 
 def _option_of(path: str) -> str | None:
