@@ -16,91 +16,62 @@ __all__ = ["add_engine_args", "engine_kwargs"]
 _OPTION_OF = {"enable_prefix_caching": "enable_prefix_cache"}
 
 
+# option -> (allowed values, or a type, or None for a bool switch; help). The flag is the option's name
+# with dashes (vLLM's where _OPTION_OF says); the default is EngineConfig's.
+_FLAGS: dict[str, tuple[Any, str | None]] = {
+    "numerics": (ec.NUMERICS, None),
+    "platform": (ec.PLATFORMS, "cuda: GPU kernels, graphs"),
+    "max_model_len": (int, None),
+    "max_num_seqs": (int, None),
+    "max_num_batched_tokens": (int, "tokens per step (prefill chunk)"),
+    "load_format": (
+        ec.LOAD_FORMATS,
+        "dummy: random weights from config.json alone, generated on the device (benchmarks)",
+    ),
+    "enable_prefix_cache": (None, "reuse the caches of earlier prompts' shared prefixes"),
+    "prefix_replay": (
+        ec.PREFIX_REPLAY,
+        "exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
+    ),
+    "prefill_truncation": (
+        ec.TRUNCATION_MODES,
+        "decoder layers run on each prompt's last tokens only: an approximation (see README)",
+    ),
+    "prefill_keep_tokens": (
+        int,
+        "prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
+    ),
+    "speculative": (ec.SPECULATIVE, "DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)"),
+    "verify_schedule": (ec.VERIFY_SCHEDULES, None),
+    "draft_len": (int, "fixed schedule: drafts verified per request"),
+    "overlap": (ec.OVERLAP, "plan step N+1 while step N runs (auto: on with cuda)"),
+    "engine_type": (
+        ec.ENGINE_TYPES,
+        "prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
+    ),
+    "bundle": (
+        str,
+        "start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
+    ),
+    "capture": (None, "cuda: replay each bucket from CUDA graphs (--no-capture: run eagerly, for debugging)"),
+    "capture_max_tokens": (int, "cuda: buckets of more tokens (long prefill chunks) run eagerly"),
+}
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    d = ec.EngineConfig().flat()
-    p.add_argument("--numerics", choices=ec.NUMERICS, default=d["numerics"])
-    p.add_argument(
-        "--platform", choices=ec.PLATFORMS, default=d["platform"], help="cuda: GPU kernels, graphs"
-    )
-    p.add_argument("--max-model-len", type=int, default=d["max_model_len"])
-    p.add_argument("--max-num-seqs", type=int, default=d["max_num_seqs"])
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=d["max_num_batched_tokens"],
-        help="tokens per step (prefill chunk)",
-    )
-    p.add_argument(
-        "--load-format",
-        choices=ec.LOAD_FORMATS,
-        default=d["load_format"],
-        help="dummy: random weights from config.json alone, generated on the device (benchmarks)",
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=d["enable_prefix_cache"],
-        help="reuse the caches of earlier prompts' shared prefixes",
-    )
-    p.add_argument(
-        "--prefix-replay",
-        choices=ec.PREFIX_REPLAY,
-        default=d["prefix_replay"],
-        help="exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
-    )
-    p.add_argument(
-        "--prefill-truncation",
-        choices=ec.TRUNCATION_MODES,
-        default=d["prefill_truncation"],
-        help="decoder layers run on each prompt's last tokens only: an approximation (see README)",
-    )
-    p.add_argument(
-        "--prefill-keep-tokens",
-        type=int,
-        default=d["prefill_keep_tokens"],
-        help="prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
-    )
-    p.add_argument(
-        "--speculative",
-        choices=ec.SPECULATIVE,
-        default=d["speculative"],
-        help="DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)",
-    )
-    p.add_argument("--verify-schedule", choices=ec.VERIFY_SCHEDULES, default=d["verify_schedule"])
-    p.add_argument(
-        "--draft-len", type=int, default=d["draft_len"], help="fixed schedule: drafts verified per request"
-    )
+    defaults = ec.EngineConfig().flat()
+    flag_of = {option: dest for dest, option in _OPTION_OF.items()}
+    for option, (kind, text) in _FLAGS.items():
+        flag = "--" + flag_of.get(option, option).replace("_", "-")
+        if kind is None:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=defaults[option], help=text)
+        elif isinstance(kind, tuple):
+            p.add_argument(flag, choices=kind, default=defaults[option], help=text)
+        else:
+            p.add_argument(flag, type=kind, default=defaults[option], help=text)
+    # a plain switch (store_true): off is its default and needs no --no- form
     p.add_argument(
         "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
-    )
-    p.add_argument(
-        "--overlap",
-        choices=ec.OVERLAP,
-        default=d["overlap"],
-        help="plan step N+1 while step N runs (auto: on with cuda)",
-    )
-    p.add_argument(
-        "--engine-type",
-        choices=ec.ENGINE_TYPES,
-        default=d["engine_type"],
-        help="prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
-    )
-    p.add_argument(
-        "--bundle",
-        default=d["bundle"],
-        help="start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
-    )
-    p.add_argument(
-        "--capture",
-        action=argparse.BooleanOptionalAction,
-        default=d["capture"],
-        help="cuda: replay each bucket from CUDA graphs (--no-capture: run eagerly, for debugging)",
-    )
-    p.add_argument(
-        "--capture-max-tokens",
-        type=int,
-        default=d["capture_max_tokens"],
-        help="cuda: buckets of more tokens (long prefill chunks) run eagerly",
     )
 
 

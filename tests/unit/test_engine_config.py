@@ -195,6 +195,15 @@ def test_cli_defaults_are_the_config_defaults(command: str) -> None:
     )
 
 
+def test_every_engine_flag_is_an_option() -> None:
+    """engine_kwargs keeps the flags named like options: a flag with another name would be dropped."""
+    from dsgraph.tools import engine_args
+
+    options = engine_kwargs(build_parser().parse_args(["generate"]))
+    assert set(options) == set(engine_args._FLAGS) | {"deterministic"}
+    assert set(options) <= set(FLAT)
+
+
 def test_cli_cuda_flags_reach_the_cuda_sub_config() -> None:
     args = build_parser().parse_args(
         ["serve", "--no-capture", "--capture-max-tokens", "64", "--no-check-weights"]
