@@ -53,7 +53,7 @@ def test_captured_decode_bucket_matches_golden(
     from tests.oracle import model_fixtures as fx
 
     model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
-    config = EngineConfig(platform="cuda", max_model_len=64, max_num_seqs=2)
+    config = EngineConfig.from_flat(platform="cuda", max_model_len=64, max_num_seqs=2)
     session = Session.from_checkpoint(model_dir, config)
     seqs = [session.open_sequence() for _ in range(2)]
     builder = session.new_step()

@@ -18,7 +18,7 @@ from tests.e2e.serve_util import serving
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = Path(make_tiny(tmp_path_factory.mktemp("v4") / "tiny-v4", seed=0))
-    engine = Engine(root, EngineConfig(max_model_len=256, max_num_seqs=2))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=256, max_num_seqs=2))
     with serving(create_app(engine, "v4", recipe_tokenizer(root))) as base:
         yield base
 
