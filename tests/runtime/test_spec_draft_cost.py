@@ -100,7 +100,10 @@ def test_plan_reaches_the_brute_force_optimum_with_a_draft_pass(rows, max_total,
     plan = plan_verification(rows, CURVE, max_total, draft_ms=sorted(depth_ms))
     assert plan_rate(plan) == pytest.approx(brute_force(rows, linear, max_total, sorted(depth_ms)), rel=1e-12)
     assert plan_rate(plan) >= len(rows) / linear(len(rows)) * (1 - 1e-12)  # never below no drafting
-    assert (plan.draft_ms == 0.0) == (plan.total_drafts == 0 or sorted(depth_ms)[0] == 0.0)
+    # the plan pays the pass of its deepest request's depth, and no pass when it verifies nothing
+    depth = max(plan.drafts, default=0)
+    paid = sorted(depth_ms)[min(depth, len(depth_ms)) - 1] if plan.total_drafts else 0.0
+    assert plan.draft_ms == paid
 
 
 def test_scheduler_plans_no_drafts_when_the_draft_pass_loses() -> None:
