@@ -38,8 +38,10 @@ class EngineConfig:
     # "auto": weights from the checkpoint's safetensors; "dummy": random weights of the config's shapes,
     # generated on the platform's device (vLLM's load_format="dummy"; for benchmarks, its text is noise)
     load_format: str = "auto"
-    # DSpark speculative decoding (runtime/spec_engine.py). "auto": on when the checkpoint has DSpark
-    # stages and the platform is cuda (the cpu default stays fast), "dspark": on, "off". verify_schedule
+    # Speculative decoding (runtime/spec_engine.py) with the checkpoint's own draft layers: "dspark" (V4.1's
+    # DSpark stages) or "mtp" (V4's MTP layer, vLLM's method name) drafts and fails naming what is missing
+    # when the checkpoint has no such layers; "auto": on when it has them and the platform is cuda (the
+    # cpu default stays fast); "off". A method of another family is an error. verify_schedule
     # "confidence" plans each step's verified drafts from the confidence head and the throughput curve;
     # "fixed" verifies draft_len (None: all) drafts per request. deterministic: every emitted token is the
     # target's own seeded sample, so tokens do not depend on the batch or on how many drafts were
@@ -91,7 +93,7 @@ class EngineConfig:
         # a PROMPT engine overlaps only when asked ("auto" stays off there: whether it pays is measured
         # by `dsgraph bench pd-overlap`); a COMPLETION engine never does
         no_overlap = self.engine_type == "completion" and self.overlap == "on"
-        if self.engine_type != "normal" and (no_overlap or self.speculative == "dspark"):
+        if self.engine_type != "normal" and (no_overlap or self.speculative not in ("auto", "off")):
             raise ValueError(
                 f"engine_type: {self.engine_type!r} runs without drafting (completion: without overlap); "
                 f"got overlap={self.overlap!r}, speculative={self.speculative!r}"

@@ -16,9 +16,9 @@ import torch
 from tqdm import tqdm
 
 from dsgraph.models.interface import ROLLBACK_ROOM, DraftRequest
+from dsgraph.models.registry import FAMILIES, family_of
 from dsgraph.platform import env
 from dsgraph.runtime.scheduler import default_buckets
-from dsgraph.runtime.spec_draft import has_dspark_stages
 from dsgraph.runtime.spec_engine import SpecDecoder
 from dsgraph.runtime.spec_pause import DraftCost, DraftPause, check_draft_cost
 from dsgraph.runtime.spec_schedule import (
@@ -39,7 +39,8 @@ __all__ = [
     "setup_spec",
 ]
 
-SPECULATIVE = ("auto", "dspark", "off")
+# "dspark" and "mtp" each name one family's draft layers (models/registry.py `Drafting.method`)
+SPECULATIVE = ("auto", *sorted({f.drafting.method for f in FAMILIES.values()}), "off")
 SCHEDULES = ("confidence", "fixed")
 MAX_NEXTN = ROLLBACK_ROOM - 1  # verify rows write a..a+nextn: the rings roll back ROLLBACK_ROOM entries
 
@@ -77,20 +78,20 @@ class SpecSetup:
     def resolve(
         cls, config: Any, cfg: Any, weights: Mapping[str, torch.Tensor], *, platform: str
     ) -> SpecSetup:
-        """Whether to draft: "dspark" always (its stages must exist), "auto" when the checkpoint has DSpark
-        stages and the platform is cuda, "off" never."""
-        stages = cfg.text.num_nextn_predict_layers
-        has = has_dspark_stages(weights, stages)
-        if config.speculative == "dspark" and not has:
+        """Whether to draft: with the family's method ("dspark" for V4.1, "mtp" for V4) always (its draft
+        layers must exist), "auto" when the checkpoint has them and the platform is cuda, "off" never."""
+        family = family_of(cfg)
+        drafting, asked = family.drafting, config.speculative
+        if asked not in ("auto", "off", drafting.method):
             raise ValueError(
-                f"speculative: 'dspark' needs the checkpoint's DSpark stages mtp.0..{stages - 1}; "
-                f"the config declares {stages} and the weights hold "
-                f"{sorted({k.split('.')[1] for k in weights if k.startswith('mtp.')})}"
+                f"speculative: {asked!r} is not available for {family.model_type} checkpoints, which draft "
+                f"with {drafting.method!r} (allowed: 'auto', {drafting.method!r}, 'off')"
             )
-        enabled = config.speculative == "dspark" or (
-            config.speculative == "auto" and has and platform == "cuda"
-        )
-        return cls(enabled, min(cfg.text.dspark_block_size, MAX_NEXTN) if enabled else 0, config)
+        missing = drafting.missing(cfg, weights)
+        if asked == drafting.method and missing is not None:
+            raise ValueError(f"speculative: {asked!r} needs the checkpoint's draft layers: {missing}")
+        enabled = asked == drafting.method or (asked == "auto" and missing is None and platform == "cuda")
+        return cls(enabled, min(drafting.num_tokens(cfg), MAX_NEXTN) if enabled else 0, config)
 
     @property
     def draft_len(self) -> int:
@@ -170,9 +171,8 @@ def profile_drafter(
         device_name=device,
         repeats=repeats,
     )
-    for name, t in session.caches.items():
-        if name.startswith("dspark."):
-            t.zero_()
+    for name in decoder.drafter.cache_names:
+        session.caches[name].zero_()
     return dict(zip(cost.sizes, cost.step_ms, strict=True))
 
 

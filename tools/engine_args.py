@@ -47,9 +47,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=["auto", "dspark", "off"],
+        choices=["auto", "dspark", "mtp", "off"],
         default="auto",
-        help="DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)",
+        help="drafting with the checkpoint's own draft layers: dspark (V4.1's DSpark stages), mtp (V4's "
+        "MTP layer); auto: on cuda when the checkpoint has them",
     )
     p.add_argument("--verify-schedule", choices=["confidence", "fixed"], default="confidence")
     p.add_argument("--draft-len", type=int, default=None, help="fixed schedule: drafts verified per request")

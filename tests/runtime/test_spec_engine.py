@@ -137,7 +137,7 @@ def test_draft_programs_are_lowered_once_per_bucket(model_dir) -> None:  # type:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(speculative="yes"), r"speculative: 'yes', expected one of \['auto', 'dspark', 'off'\]"),
+        (dict(speculative="yes"), r"speculative: 'yes', expected one of \['auto', 'dspark', 'mtp', 'off'\]"),
         (dict(verify_schedule="eager"), r"verify_schedule: 'eager', expected one of"),
         (dict(draft_len=6), r"draft_len: 6, expected None or an integer in 0..5"),
         (dict(deterministic=1), r"deterministic: 1, expected a bool"),
