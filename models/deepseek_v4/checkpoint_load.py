@@ -3,8 +3,8 @@ the checkpoint holds it in this project's layout (`mtp.mtp_tensors`).
 
 The MTP tensor names are this project's, not checked against the released V4-Flash weights, so a
 checkpoint whose `mtp.*` tensors do not match that layout exactly loads without them (as before drafting
-existed): the backbone serves, and asking to draft names what is missing
-(`registry`'s V4 `missing_drafter`).
+existed): the backbone serves, and asking to draft names what is missing (models/registry.py, the V4
+family's `Drafting.missing`).
 """
 
 from __future__ import annotations
