@@ -1,9 +1,10 @@
 """Speculative decoding with the V4 MTP layer end to end (cpu, tiny V4 checkpoints, `speculative="mtp"`).
 
 Exactness: the tokens of greedy and seeded requests equal a run without drafting, with deterministic
-verification (every token the target's own seeded draw) and with exact speculative sampling (greedy
-requests). Acceptance: on a checkpoint built so that the MTP layer's draft is the target's own next-token
-distribution, nearly every draft is accepted, and the tokens still equal the run without drafting.
+verification (every token the target's own seeded draw; plain and overlapped loop) and with exact
+speculative sampling (greedy requests). Acceptance: on a checkpoint built so that the MTP layer's draft
+is the target's own next-token distribution, nearly every draft is accepted, and the tokens still equal
+the run without drafting.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def reference(mtp_dir: Path) -> list[tuple[int, ...]]:
     return _tokens(LLM(mtp_dir, speculative="off", **BASE), PROMPTS, PARAMS)
 
 
-def test_deterministic_drafting_emits_the_tokens_of_no_drafting(mtp_dir: Path, reference) -> None:  # type: ignore[no-untyped-def]
-    llm = LLM(mtp_dir, speculative="mtp", deterministic=True, verify_schedule="fixed", **BASE)
+@pytest.mark.parametrize("overlap", ["off", "on"])  # "on": the overlapped loop (runtime/spec_overlap.py)
+def test_deterministic_drafting_emits_the_tokens_of_no_drafting(mtp_dir, reference, overlap: str) -> None:  # type: ignore[no-untyped-def]
+    kw = dict(deterministic=True, verify_schedule="fixed", overlap=overlap)
+    llm = LLM(mtp_dir, speculative="mtp", **kw, **BASE)  # type: ignore[arg-type]
+    assert (llm.engine.overlap is not None) == (overlap == "on")
     assert _tokens(llm, PROMPTS, PARAMS) == reference
     stats = llm.engine.spec_stats()
     assert stats is not None and stats["verified_tokens"] > 0
