@@ -195,16 +195,22 @@ class BucketRunner(Protocol):
 
 
 def make_runner(
-    platform: Platform | str, device: torch.device | str | None = None, replay_table: Any = None
+    platform: Platform | str,
+    device: torch.device | str | None = None,
+    replay_table: Any = None,
+    *,
+    side_stream: bool | None = None,
 ) -> BucketRunner:
     """The platform's bucketed runner on `device` (default: the platform's own device). `replay_table`:
     the native runtime's table that launches captured buckets (the runtime passes it in, so that
-    platform/ never imports runtime/); None replays from Python."""
+    platform/ never imports runtime/); None replays from Python. `side_stream`: whether a platform with
+    host-resident tables reads them on a side stream (None: DSGRAPH_SIDE_STREAM; ignored elsewhere)."""
     plat = get_platform(platform) if isinstance(platform, str) else platform
     if not plat.executes:
         raise LoweringError(f"platform {plat.name!r} does not execute programs (it only lowers them)")
     module = importlib.import_module(f"dsgraph.platform.{plat.name}.runner")
-    return module.Runner(plat, resolve_device(plat.name if device is None else device), replay_table)
+    device = resolve_device(plat.name if device is None else device)
+    return module.Runner(plat, device, replay_table, side_stream=side_stream)
 
 
 def platform_name(platform: Platform | str) -> str:

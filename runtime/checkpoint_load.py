@@ -27,7 +27,7 @@ class LoadedCheckpoint:
 
 
 def load_model_dir(root: Path, config: EngineConfig) -> LoadedCheckpoint:
-    """Config, tokenizer and weights of `root` under `config` (numerics, load_format, check_weights)."""
+    """Config, tokenizer and weights of `root` under `config` (numerics, load)."""
     family = family_for(root)
     cfg = family.load_config(root)
     tokenizer = family.load_tokenizer(root, cfg)
@@ -39,7 +39,7 @@ def load_model_dir(root: Path, config: EngineConfig) -> LoadedCheckpoint:
 
 def build_target(loaded: LoadedCheckpoint, config: EngineConfig, *, dspark: bool = False) -> Any:
     """The model of `loaded` with the cache geometry of `config` (max_model_len, page_size)."""
-    geo = default_geometry(loaded.cfg.text, config.max_model_len, config.page_size)
+    geo = default_geometry(loaded.cfg.text, config.max_model_len, config.cache.page_size)
     return loaded.family.build(loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark)
 
 
@@ -48,25 +48,25 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's weights (a progress bar on a terminal), or random ones of the config's shapes
     generated on the platform's device (its name is the torch device type) for load_format "dummy"."""
-    if config.load_format == "dummy":
+    if config.load.format == "dummy":
         return family.dummy_weights(cfg, tokenizer, num, config.platform, 0)
-    return family.load_weights(root, cfg, tokenizer, num, config.check_weights)
+    return family.load_weights(root, cfg, tokenizer, num, config.load.check_weights)
 
 
 def cache_sizes(model: Any, config: EngineConfig) -> CacheSizes:
-    """Slots for max_num_seqs requests; pages from cache_budget_bytes, or for max_num_seqs requests of
-    max_model_len when no budget is given."""
-    if config.cache_budget_bytes is not None:
-        return size_caches(model, config.max_num_seqs, config.cache_budget_bytes)
-    per_seq = {r: model.geo.pages_per_seq(r) * config.max_num_seqs for r in ratios(model.plans)}
-    return CacheSizes(config.max_num_seqs, per_seq)
+    """Slots for scheduler.max_num_seqs requests; pages from cache.budget_bytes, or for max_num_seqs
+    requests of max_model_len when no budget is given."""
+    seqs = config.scheduler.max_num_seqs
+    if config.cache.budget_bytes is not None:
+        return size_caches(model, seqs, config.cache.budget_bytes)
+    return CacheSizes(seqs, {r: model.geo.pages_per_seq(r) * seqs for r in ratios(model.plans)})
 
 
 def checked_max_len(requested: int, max_positions: int) -> int:
     """max_model_len as configured; above the model's positions it is an error, never a silent cap."""
     if requested > max_positions:
         raise ValueError(
-            f"max_model_len: {requested}, expected at most {max_positions} "
+            f"EngineConfig.max_model_len = {requested}: expected at most {max_positions} "
             "(the model's max_position_embeddings)"
         )
     return requested

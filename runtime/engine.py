@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsgraph.models.interface import default_geometry, numerics_for, ratios
+from dsgraph.models.interface import default_geometry, numerics_for
 from dsgraph.models.registry import family_for
 from dsgraph.platform.registry import resolve_device
 from dsgraph.runtime.bundle.session_load import open_for_engine
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
+from dsgraph.runtime.derived_configs import scheduler_config
 from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, SpecOverlap, resolve_overlap
@@ -31,7 +32,7 @@ from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.prompt_logprobs import PromptEntry
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
-from dsgraph.runtime.scheduler import EngineType, Scheduler, SchedulerConfig, StepPlan
+from dsgraph.runtime.scheduler import Scheduler, StepPlan
 from dsgraph.runtime.seq_info import SeqInfo
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_engine import SpecDecoder
@@ -111,21 +112,21 @@ class Engine:
         weights = load_weights(family, root, cfg, config, num, self.tokenizer)
         if rank is not None:
             weights = rank.local_weights(weights)
-        drafting = config if config.engine_type == "normal" else replace(config, speculative="off")
+        drafting = (
+            config.speculative if config.engine_type == "normal" else replace(config.speculative, mode="off")
+        )
         spec = SpecSetup.resolve(drafting, cfg, weights, platform=config.platform)
         if bundle is not None:
             bundle.check_drafting(spec.enabled)
-        geo = default_geometry(cfg.text, max_len, config.page_size)
+        geo = default_geometry(cfg.text, max_len, config.cache.page_size)
         # the model first: a family without truncation refuses it there, naming the option
-        self.model = family.build(cfg, self.tokenizer, num, geo, spec.enabled, config.prefill_truncation)
-        self.truncation = PrefillTruncation.for_engine(
-            cfg.text, config.prefill_truncation, config.prefill_keep_tokens, spec.nextn or None
-        )
+        self.model = family.build(cfg, self.tokenizer, num, geo, spec.enabled, config.truncation.mode)
+        self.truncation = PrefillTruncation.for_engine(cfg.text, config.truncation, spec.nextn or None)
         if rank is not None:
             self.model = dataclasses.replace(self.model, expert_parallel=True)
         sizes = self._cache_sizes()
         platform = rank.platform(config.platform) if rank is not None else config.platform
-        self.session = Session(self.model, weights, sizes, platform=platform, bundle=bundle)
+        self.session = Session(self.model, weights, sizes, platform=platform, cuda=config.cuda, bundle=bundle)
         self.sampler = Sampler(cfg.text.vocab_size, graphs=bundle.sampler_graphs() if bundle else None)
         self.spec: SpecDecoder | None = None
         curve = None
@@ -162,21 +163,7 @@ class Engine:
 
     def _scheduler(self, sizes: CacheSizes, spec: SpecSetup, curve: Any) -> Scheduler:
         """The C++ scheduler over the session's pages and slots, with the engine's limits."""
-        config = self.config
-        return Scheduler(
-            SchedulerConfig.for_model(
-                self.model,
-                num_pages=[sizes.num_pages[r] for r in ratios(self.model.plans)],
-                replay=config.prefix_replay,
-                max_num_seqs=config.max_num_seqs,
-                num_slots=sizes.num_slots,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_prefix_cache=config.enable_prefix_cache,
-                engine_type=getattr(EngineType, config.engine_type.upper()),
-                **spec.scheduler_fields(),
-            ),
-            curve,
-        )
+        return Scheduler(scheduler_config(self.config, self.model, sizes, spec.scheduler_fields()), curve)
 
     def add_request(
         self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None

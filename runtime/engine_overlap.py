@@ -48,9 +48,9 @@ def resolve_overlap(config: EngineConfig, drafting: bool) -> bool:
     """Whether a NORMAL or PROMPT engine overlaps steps: "auto" on platform cuda (with DSpark drafting
     too: the `SpecOverlap` loop of runtime/spec_overlap.py; on a PROMPT engine the planning it hides
     outweighs the export's wait for the device, docs/pd.md)."""
-    if config.overlap == "auto":
+    if config.scheduler.overlap == "auto":
         return config.platform == "cuda"
-    return config.overlap == "on"
+    return config.scheduler.overlap == "on"
 
 
 @dataclass

@@ -78,9 +78,21 @@ def _tokenizer(model_dir: Path) -> Any:
 
 
 class LLM:
-    def __init__(self, model: str | Path | None = None, *, ep: object = 1, **config: object) -> None:
-        """`ep` > 1 (or an `EPConfig`): that many rank processes, data-parallel attention and
-        expert-parallel MoE (runtime/distributed); `generate` spreads the prompts over them."""
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        ep: object = 1,
+        config: EngineConfig | None = None,
+        **options: object,
+    ) -> None:
+        """`options`: EngineConfig options by their flat names (`max_num_seqs=4`, `speculative="off"`;
+        `EngineConfig.from_flat`), applied over `config` (default EngineConfig()). `ep` > 1 (or an
+        `EPConfig`): that many rank processes, data-parallel attention and expert-parallel MoE
+        (runtime/distributed); `generate` spreads the prompts over them."""
+        engine_config = EngineConfig() if config is None else config
+        if options:  # a bad option fails here, before any weight is read or rank started
+            engine_config = engine_config.with_flat(**options)
         if model is None:
             from dsgraph.tools.generate_cmd import default_model_dir
 
@@ -96,11 +108,10 @@ class LLM:
         if ep_config.ep > 1:
             from dsgraph.runtime.distributed.dp import EPRunner
 
-            EngineConfig(**config)  # type: ignore[arg-type]  # bad options fail here, before any rank starts
-            self.group = EPRunner(model, ep_config, dict(config))
+            self.group = EPRunner(model, ep_config, engine_config.flat())
             self.tokenizer = _tokenizer(self.model_dir)
             return
-        self.engine = Engine(model, EngineConfig(**config))  # type: ignore[arg-type]
+        self.engine = Engine(model, engine_config)
         self.tokenizer = self.engine.tokenizer
 
     @classmethod

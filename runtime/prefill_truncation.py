@@ -1,6 +1,6 @@
 """Prefill truncation on the host: which rows of a step the decoder layers run on, and the start-up rule.
 
-With `EngineConfig.prefill_truncation` "mask" or "compact", the decoder layers of a prompt run only on
+With `EngineConfig.truncation.mode` "mask" or "compact", the decoder layers of a prompt run only on
 its last `keep` tokens (models/deepseek_v41/truncation.py has the graph side). Per sequence of a step
 the kept suffix starts at `keep_start = target_len - keep`, where `target_len` is the number of tokens
 the request holds once this prefill is done (prompt, plus outputs when a preempted request recomputes).
@@ -27,11 +27,11 @@ import numpy as np
 
 from dsgraph.models.interface import ROLLBACK_ROOM
 from dsgraph.models.interface import TRUNCATION_MODES as MODES
+from dsgraph.runtime.engine_config import TruncationConfig
 
 __all__ = [
     "MODES",
     "PrefillTruncation",
-    "check_truncation_fields",
     "max_backtrack",
     "min_keep_tokens",
     "truncated_inputs",
@@ -45,14 +45,6 @@ LOG = logging.getLogger("dsgraph.engine")
 BOUND_NATS = 0.2
 BOUND_LOGPROB_ROW = 0.5
 BOUND_CONFIDENCE = 0.4
-
-
-def check_truncation_fields(mode: object, keep: object) -> None:
-    """ValueError naming the bad EngineConfig field (the rule against the model is `min_keep_tokens`)."""
-    if mode not in MODES:
-        raise ValueError(f"prefill_truncation: {mode!r}, expected one of {list(MODES)}")
-    if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
-        raise ValueError(f"prefill_keep_tokens: {keep!r}, expected None or an integer >= 1")
 
 
 def max_backtrack(text: Any, draft_len: int | None = None) -> int:
@@ -75,8 +67,9 @@ def resolve_keep(text: Any, keep: int | None, draft_len: int | None = None) -> i
         return window + back
     if keep < window + back:
         raise ValueError(
-            f"prefill_keep_tokens: {keep} is below sliding_window ({window}) + maximum backtrack ({back}) "
-            f"= {window + back}; the decoder layers' window state after a truncated prefill needs that many"
+            f"EngineConfig.truncation.keep_tokens = {keep} is below sliding_window ({window}) + maximum "
+            f"backtrack ({back}) = {window + back}; the decoder layers' window state after a truncated "
+            "prefill needs that many"
         )
     return keep
 
@@ -131,12 +124,12 @@ class PrefillTruncation:
     window: int  # the config's sliding_window
 
     @classmethod
-    def for_engine(cls, text: Any, mode: str, keep: int | None, draft_len: int | None) -> Any:
+    def for_engine(cls, text: Any, config: TruncationConfig, draft_len: int | None) -> Any:
         """The policy, or None for "off"; logs that it is an approximation and its measured bound."""
-        check_truncation_fields(mode, keep)
+        mode = config.mode
         if mode == "off":
             return None
-        policy = cls(mode, resolve_keep(text, keep, draft_len), text.sliding_window)
+        policy = cls(mode, resolve_keep(text, config.keep_tokens, draft_len), text.sliding_window)
         LOG.warning(
             "prefill truncation %s: the decoder layers (from layer %d) run on each prompt's last %d tokens "
             "only. This is an approximation: their sliding-window state differs from a full prefill "

@@ -26,6 +26,7 @@ import numpy as np
 
 from dsgraph.runtime import _native
 from dsgraph.runtime._native import Allocation, EngineType, StepPlan, ThroughputCurve, VerifyMode
+from dsgraph.runtime.engine_config import CacheConfig, EngineConfig, SchedulingConfig
 
 if TYPE_CHECKING:
     from dsgraph.models.interface import Model as V41Model
@@ -80,11 +81,14 @@ class SchedulerConfig:
     """Scheduler settings; `for_model` derives the cache layout from a model. The C++ side validates
     and names the bad field (`SchedulerConfig.<field> = <value> ...`)."""
 
+    # the limits' and the geometry's defaults are EngineConfig's own (one source: a scheduler built
+    # without an engine pages the caches as the engine would); the engine's comes from
+    # derived_configs.scheduler_config
     engine_type: EngineType = EngineType.NORMAL
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    max_model_len: int = 4096
-    page_size: int = 64
+    max_num_seqs: int = SchedulingConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulingConfig.max_num_batched_tokens
+    max_model_len: int = EngineConfig.max_model_len
+    page_size: int = CacheConfig.page_size
     ratios: tuple[int, ...] = (1, 2)
     num_pages: tuple[int, ...] = (256, 256)
     num_slots: int | None = None  # None: max_num_seqs

@@ -12,10 +12,9 @@ bucket (`runner.bucket`: the cpu runner runs a step at its own sizes, the cuda r
 (tokens, seqs, outs) to a power of two (`runtime/step_padding.py`), so at most
 log2(max tokens) * log2(max seqs) * log2(max outs) buckets exist). On the cuda platform weights and caches
 live on the device, cache writes are in place, and each bucket's program is captured into CUDA graphs
-once (`captures` counts them) and replayed, or with `capture=False` run eagerly on the same padded shapes
-(debugging). Buckets of more than `capture_max_tokens` tokens (long prefill chunks) always run eagerly: a
-captured graph keeps its activations' memory for the session's life (46 GB at a 64k chunk of the
-full-width bench model), and at that size the per-kernel launch cost is a vanishing part of the step.
+once (`captures` counts them) and replayed, or with `cuda.capture` False run eagerly on the same padded
+shapes (debugging). Buckets of more than `cuda.capture_max_tokens` tokens (long prefill chunks) always run
+eagerly (`EngineConfig.cuda`, runtime/engine_config.py, says why).
 
 A truncated prefill step (it carries `seq_decoder_window_start`; runtime/prefill_truncation.py) runs the
 model's truncated graph variant, lowered and captured per bucket like the plain one but keyed apart; in
@@ -36,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,13 +56,11 @@ from dsgraph.platform.registry import (
     resolve_device,
     torch_dtype,
 )
+from dsgraph.runtime.engine_config import CudaConfig, EngineConfig
 from dsgraph.runtime.input_fix import FIXED_INPUTS, InputFix, fix_inputs, padded_sources
 from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.step_builder import CachePool, SeqState, Step, StepBuilder
 from dsgraph.runtime.step_padding import bucket_size, pad_step
-
-if TYPE_CHECKING:
-    from dsgraph.runtime.engine_config import EngineConfig
 
 Array = torch.Tensor | np.ndarray
 
@@ -117,7 +114,6 @@ STEP_DIMS = ("tokens", "seqs", "outs", "kept")
 # programs and captures are keyed apart (TRUNCATED_KEY) from the plain graph's.
 TRUNCATED_INPUT = "seq_decoder_window_start"
 TRUNCATED_KEY = "~truncated"
-CAPTURE_MAX_TOKENS = 16384  # the largest bucket (query tokens) that is captured; beyond it steps run eagerly
 
 
 class Session:
@@ -130,29 +126,31 @@ class Session:
         debug: bool = False,
         platform: str | Platform = "cpu",
         device: torch.device | str | None = None,
-        capture: bool = True,
-        capture_max_tokens: int = CAPTURE_MAX_TOKENS,
-        host_min_bytes: int | None = None,
+        cuda: CudaConfig | None = None,
         bundle: Any = None,
     ) -> None:
+        """`cuda`: capture, its token limit, host-resident Engram tables and the side stream on the cuda
+        platform (EngineConfig.cuda; default CudaConfig())."""
         from dsgraph.models.interface import weight_types
         from dsgraph.runtime.spec_draft import target_weights
 
-        if capture_max_tokens < 1:
-            raise ValueError(f"Session: capture_max_tokens is {capture_max_tokens}, expected >= 1")
-        self.model, self.platform, self.capture = model, platform, capture
-        self.capture_max_tokens = capture_max_tokens
+        self.cuda = CudaConfig() if cuda is None else cuda
+        self.model, self.platform, self.capture = model, platform, self.cuda.capture
+        self.capture_max_tokens = self.cuda.capture_max_tokens
         # the platform's bucketed runner executes every step (platform/<name>/runner.py)
         name = platform_name(platform)
         self.runner: BucketRunner = make_runner(
-            platform, resolve_device(name if device is None else device), replay_table()
+            platform,
+            resolve_device(name if device is None else device),
+            replay_table(),
+            side_stream=self.cuda.side_stream,
         )
         self.device = self.runner.device
         # A model built with dspark=True also writes the DSpark context: its step reads the context weights.
         target = target_weights(model, weights)
-        # On a CUDA device Engram tables of >= host_min_bytes (default: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
+        # On a CUDA device Engram tables of >= engram_host_min_bytes (None: DSGRAPH_ENGRAM_HOST_MIN_BYTES)
         # stay in pinned host memory (read over PCIe)
-        placed = place_weights(target, self.device, host_min_bytes)
+        placed = place_weights(target, self.device, self.cuda.engram_host_min_bytes)
         self.weights = {f"weights.{k}": v for k, v in placed.items()}
         self._weight_types = weight_types(target, backbone_only=False)
         self._debug = debug
@@ -186,11 +184,10 @@ class Session:
     ) -> Session:
         """A session over the checkpoint in `model_dir` (config.json, tokenizer.json, safetensors; None:
         the embedded tiny random checkpoint, as `LLM()`) with the options of `config` that shape one
-        (numerics, platform, max_model_len, max_num_seqs, page_size, cache_budget_bytes, load_format,
-        check_weights); its `tokenizer` is the checkpoint's. Drafting, scheduling and serving options are
-        the engine's and do not apply here."""
+        (platform, numerics, max_model_len, scheduler.max_num_seqs, cache.page_size, cache.budget_bytes,
+        load, cuda); its `tokenizer` is the checkpoint's. Drafting, scheduling and serving options are the
+        engine's and do not apply here."""
         from dsgraph.runtime.checkpoint_load import build_target, cache_sizes, load_model_dir
-        from dsgraph.runtime.engine_config import EngineConfig
 
         if model_dir is None:
             from dsgraph.tools.generate_cmd import default_model_dir
@@ -200,7 +197,9 @@ class Session:
         resolve_device(config.platform)  # an absent device fails here, before any weight is read
         loaded = load_model_dir(Path(model_dir), config)
         model = build_target(loaded, config)
-        session = cls(model, loaded.weights, cache_sizes(model, config), platform=config.platform)
+        session = cls(
+            model, loaded.weights, cache_sizes(model, config), platform=config.platform, cuda=config.cuda
+        )
         session.tokenizer = loaded.tokenizer
         return session
 

@@ -85,7 +85,10 @@ class DraftRunner:
         ]
         self.capture = bool(getattr(session, "capture", True) if capture is None else capture)
         # the platform's runner of the draft buckets (its captures share one memory pool)
-        self.runner: BucketRunner = make_runner(session.platform, device, replay_table())
+        cuda = getattr(session, "cuda", None)  # the session's EngineConfig.cuda: the same side stream rule
+        self.runner: BucketRunner = make_runner(
+            session.platform, device, replay_table(), side_stream=None if cuda is None else cuda.side_stream
+        )
         self.packed: dict[int, torch.Tensor] = {}  # seqs bucket -> [2, seqs, K] i32: tokens, confidences
 
     def _program(self, seqs: int) -> Program:

@@ -24,27 +24,7 @@ import numpy as np
 from dsgraph.runtime.spec_schedule import ThroughputCurve, plan_rate, plan_verification
 from dsgraph.runtime.step_padding import bucket_size
 
-__all__ = ["DraftCost", "DraftPause", "PauseConfig", "check_draft_cost"]
-
-
-def check_draft_cost(cost: object) -> None:
-    """ValueError naming the field unless `cost` is (seq counts, ms) of equal, non-zero length; an ms
-    entry is one time, or a non-empty sequence of times by draft depth (1, 2, ...)."""
-    ok = isinstance(cost, tuple | list) and len(cost) == 2 and len(cost[0]) == len(cost[1]) and cost[0]
-    if not ok:
-        raise ValueError(
-            f"draft_cost: {cost!r}, expected (sequence counts, draft ms) of equal, non-zero length"
-        )
-    for n, ms in zip(*cost, strict=True):  # type: ignore[misc]
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"draft_cost: sequence count {n!r}, expected an integer >= 1")
-        times = ms if isinstance(ms, tuple | list) else (ms,)
-        bad = [t for t in times if not isinstance(t, int | float) or not math.isfinite(t) or t < 0]
-        if not times or bad:
-            raise ValueError(
-                f"draft_cost: draft time {ms!r} for {n} sequences, expected finite ms >= 0 (one, or one "
-                "per draft depth)"
-            )
+__all__ = ["DraftCost", "DraftPause", "PauseConfig"]
 
 
 class DraftCost:

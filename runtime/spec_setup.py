@@ -1,7 +1,7 @@
-"""How an engine's speculative decoding is configured: validation of the EngineConfig fields, the choice
-of "auto", the scheduler's verify fields, and the throughput curve (given explicitly, or profiled on the
-session at start and cached on disk under $XDG_CACHE_HOME/dsgraph/curves, keyed by the model config, the
-buckets and the device; runtime/spec_schedule.py)."""
+"""How an engine's speculative decoding is set up from `EngineConfig.speculative` (validated there): the
+choice of "auto", the scheduler's verify fields, and the throughput curve (given explicitly, or profiled
+on the session at start and cached on disk under $XDG_CACHE_HOME/dsgraph/curves, keyed by the model
+config, the buckets and the device; runtime/spec_schedule.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dsgraph.models.interface import ROLLBACK_ROOM, DraftRequest
-from dsgraph.models.registry import FAMILIES, family_of
+from dsgraph.models.interface import DraftRequest
+from dsgraph.models.registry import family_of
 from dsgraph.platform import env
+from dsgraph.runtime.derived_configs import spec_schedule_config
+from dsgraph.runtime.engine_config import MAX_DRAFT_LEN, SpeculativeConfig
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_engine import SpecDecoder
-from dsgraph.runtime.spec_pause import DraftCost, DraftPause, check_draft_cost
+from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import (
-    SpecScheduleConfig,
     ThroughputCurve,
     VerifyScheduler,
     load_or_profile_curve,
@@ -32,66 +33,39 @@ from dsgraph.runtime.spec_schedule import (
 
 __all__ = [
     "SpecSetup",
-    "check_spec_config",
     "curve_cache_dir",
     "profile_drafter",
     "profile_session",
     "setup_spec",
 ]
 
-# "dspark" and "mtp" each name one family's draft layers (models/registry.py `Drafting.method`)
-SPECULATIVE = ("auto", *sorted({f.drafting.method for f in FAMILIES.values()}), "off")
-SCHEDULES = ("confidence", "fixed")
-MAX_NEXTN = ROLLBACK_ROOM - 1  # verify rows write a..a+nextn: the rings roll back ROLLBACK_ROOM entries
-
-
-def check_spec_config(c: Any) -> None:
-    """ValueError naming the first bad speculative-decoding field of an EngineConfig."""
-    if c.speculative not in SPECULATIVE:
-        raise ValueError(f"speculative: {c.speculative!r}, expected one of {list(SPECULATIVE)}")
-    if c.verify_schedule not in SCHEDULES:
-        raise ValueError(f"verify_schedule: {c.verify_schedule!r}, expected one of {list(SCHEDULES)}")
-    if c.draft_len is not None and (not isinstance(c.draft_len, int) or not 0 <= c.draft_len <= MAX_NEXTN):
-        raise ValueError(f"draft_len: {c.draft_len!r}, expected None or an integer in 0..{MAX_NEXTN}")
-    if not isinstance(c.deterministic, bool):
-        raise ValueError(f"deterministic: {c.deterministic!r}, expected a bool")
-    curve = c.throughput_curve
-    if curve is not None:
-        if len(curve) != 2 or len(curve[0]) != len(curve[1]) or not curve[0]:
-            raise ValueError(
-                f"throughput_curve: {curve!r}, expected (row counts, step ms) of equal, non-zero length"
-            )
-        make_curve(curve[0], curve[1])  # ValueError names the first bad size or time
-    if not isinstance(c.draft_pause, bool):
-        raise ValueError(f"draft_pause: {c.draft_pause!r}, expected a bool")
-    if c.draft_cost is not None:
-        check_draft_cost(c.draft_cost)
-
 
 @dataclass(frozen=True)
 class SpecSetup:
     enabled: bool
     nextn: int
-    config: Any  # the EngineConfig
+    config: SpeculativeConfig
 
     @classmethod
     def resolve(
-        cls, config: Any, cfg: Any, weights: Mapping[str, torch.Tensor], *, platform: str
+        cls, config: SpeculativeConfig, cfg: Any, weights: Mapping[str, torch.Tensor], *, platform: str
     ) -> SpecSetup:
         """Whether to draft: with the family's method ("dspark" for V4.1, "mtp" for V4) always (its draft
-        layers must exist), "auto" when the checkpoint has them and the platform is cuda, "off" never."""
+        layers must exist), "auto" when the checkpoint has them and the platform is cuda, "off" never. The
+        mode is one of SPECULATIVE already (SpeculativeConfig); whether it fits this model needs the model."""
         family = family_of(cfg)
-        drafting, asked = family.drafting, config.speculative
+        drafting, asked = family.drafting, config.mode
+        path = f"EngineConfig.speculative.mode = {asked!r}"
         if asked not in ("auto", "off", drafting.method):
             raise ValueError(
-                f"speculative: {asked!r} is not available for {family.model_type} checkpoints, which draft "
-                f"with {drafting.method!r} (allowed: 'auto', {drafting.method!r}, 'off')"
+                f"{path}: not available for {family.model_type} checkpoints, which draft with "
+                f"{drafting.method!r} (allowed: 'auto', {drafting.method!r}, 'off')"
             )
         missing = drafting.missing(cfg, weights)
         if asked == drafting.method and missing is not None:
-            raise ValueError(f"speculative: {asked!r} needs the checkpoint's draft layers: {missing}")
+            raise ValueError(f"{path} needs the checkpoint's draft layers: {missing}")
         enabled = asked == drafting.method or (asked == "auto" and missing is None and platform == "cuda")
-        return cls(enabled, min(drafting.num_tokens(cfg), MAX_NEXTN) if enabled else 0, config)
+        return cls(enabled, min(drafting.num_tokens(cfg), MAX_DRAFT_LEN) if enabled else 0, config)
 
     @property
     def draft_len(self) -> int:
@@ -180,23 +154,20 @@ def setup_spec(
     spec: SpecSetup, engine: Any, weights: Mapping[str, torch.Tensor]
 ) -> tuple[SpecDecoder, ThroughputCurve | None]:
     """The engine's decoder and the curve shared with its scheduler (None in fixed mode)."""
-    c = spec.config
+    c, limits = spec.config, engine.config.scheduler
     curve = None
     if c.throughput_curve is not None:
         curve = make_curve(*c.throughput_curve, lookup="step" if engine.session.runner.pads else "linear")
     elif c.verify_schedule == "confidence":
-        curve = profile_session(engine.session, list(default_buckets(c.max_num_batched_tokens)))
-    sched = VerifyScheduler(
-        SpecScheduleConfig(mode=c.verify_schedule, nextn=spec.nextn, draft_len=spec.draft_len),
-        curve,
-    )
+        curve = profile_session(engine.session, list(default_buckets(limits.max_num_batched_tokens)))
+    sched = VerifyScheduler(spec_schedule_config(c, spec.nextn, spec.draft_len), curve)
     decoder = SpecDecoder(
         engine.session, weights, engine.sampler, sched, nextn=spec.nextn, deterministic=c.deterministic
     )
     if c.draft_cost is not None:
         decoder.cost = DraftCost(dict(zip(*c.draft_cost, strict=True)), fixed=True)
     elif c.throughput_curve is None and curve is not None:  # profiled with the curve, cached beside it
-        decoder.cost = DraftCost(profile_drafter(engine.session, decoder, c.max_num_seqs))
+        decoder.cost = DraftCost(profile_drafter(engine.session, decoder, limits.max_num_seqs))
     elif c.throughput_curve is not None:
         # a given curve has its own time scale: passes timed on this host are not in it, so without a
         # given draft_cost the planner takes the pass as free (as before any pass is measured)

@@ -76,10 +76,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--plot", metavar="JSON", help="only redraw the plots of a saved result")
     p.set_defaults(func=run)
-    from dsgraph.tools.bench import bundle_start, router_sim_cmd, serve_args, v4_bench
+    from dsgraph.tools.bench import bundle_start, engine_cmd, router_sim_cmd, serve_args, v4_bench
 
     modes = p.add_subparsers(dest="mode", metavar="MODE")
     serve_args.add_parser(modes)
     v4_bench.add_parser(modes)
     router_sim_cmd.add_parser(modes)
     bundle_start.add_parser(modes)
+    engine_cmd.add_parser(modes)

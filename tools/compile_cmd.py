@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
         print("dsgraph compile: --bundle is what a run reads; compile writes --out", file=sys.stderr)
         return 2
     try:
-        config = EngineConfig(**kwargs)
+        config = EngineConfig.from_flat(**kwargs)
         compile_bundle(
             args.model and Path(args.model),
             config,

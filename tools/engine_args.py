@@ -1,99 +1,86 @@
-"""The engine options `generate` and `serve` share: everything that shapes decoding is set the same way
-on both (EngineConfig fields, vLLM's flag names where they exist)."""
+"""The engine options `generate`, `serve` and `compile` share: everything that shapes decoding is set the
+same way on each (EngineConfig's flat option names, vLLM's flag names where they exist). Defaults and
+allowed values are EngineConfig's own (runtime/engine_config.py), so a flag cannot default differently
+from `LLM()`; the config validates the values."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from dsgraph.runtime import engine_config as ec
+
 __all__ = ["add_engine_args", "engine_kwargs"]
+
+# flag dest -> EngineConfig option, where the flag has vLLM's name
+_OPTION_OF = {"enable_prefix_caching": "enable_prefix_cache"}
+
+
+# option -> (allowed values, or a type, or None for a bool switch; help). The flag is the option's name
+# with dashes (vLLM's where _OPTION_OF says); the default is EngineConfig's.
+_FLAGS: dict[str, tuple[Any, str | None]] = {
+    "numerics": (ec.NUMERICS, None),
+    "platform": (ec.PLATFORMS, "cuda: GPU kernels, graphs"),
+    "max_model_len": (int, None),
+    "max_num_seqs": (int, None),
+    "max_num_batched_tokens": (int, "tokens per step (prefill chunk)"),
+    "load_format": (
+        ec.LOAD_FORMATS,
+        "dummy: random weights from config.json alone, generated on the device (benchmarks)",
+    ),
+    "enable_prefix_cache": (None, "reuse the caches of earlier prompts' shared prefixes"),
+    "prefix_replay": (
+        ec.PREFIX_REPLAY,
+        "exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
+    ),
+    "prefill_truncation": (
+        ec.TRUNCATION_MODES,
+        "decoder layers run on each prompt's last tokens only: an approximation (see README)",
+    ),
+    "prefill_keep_tokens": (
+        int,
+        "prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
+    ),
+    "speculative": (
+        ec.SPECULATIVE,
+        "drafting with the checkpoint's own draft layers: dspark (V4.1's DSpark stages), mtp (V4's MTP "
+        "layer); auto: on cuda when the checkpoint has them",
+    ),
+    "verify_schedule": (ec.VERIFY_SCHEDULES, None),
+    "draft_len": (int, "fixed schedule: drafts verified per request"),
+    "overlap": (ec.OVERLAP, "plan step N+1 while step N runs (auto: on with cuda)"),
+    "engine_type": (
+        ec.ENGINE_TYPES,
+        "prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
+    ),
+    "bundle": (
+        str,
+        "start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
+    ),
+    "capture": (None, "cuda: replay each bucket from CUDA graphs (--no-capture: run eagerly, for debugging)"),
+    "capture_max_tokens": (int, "cuda: buckets of more tokens (long prefill chunks) run eagerly"),
+}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--numerics", choices=["serving", "reference"], default="serving")
-    p.add_argument("--platform", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU kernels, graphs")
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step (prefill chunk)")
-    p.add_argument(
-        "--load-format",
-        choices=["auto", "dummy"],
-        default="auto",
-        help="dummy: random weights from config.json alone, generated on the device (benchmarks)",
-    )
-    p.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="reuse the caches of earlier prompts' shared prefixes",
-    )
-    p.add_argument(
-        "--prefix-replay",
-        choices=["exact", "window"],
-        default="exact",
-        help="exact: a hit gives a cold run's tokens; window: replays less, approximate (see README)",
-    )
-    p.add_argument(
-        "--prefill-truncation",
-        choices=["off", "mask", "compact"],
-        default="off",
-        help="decoder layers run on each prompt's last tokens only: an approximation (see README)",
-    )
-    p.add_argument(
-        "--prefill-keep-tokens",
-        type=int,
-        default=None,
-        help="prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
-    )
-    p.add_argument(
-        "--speculative",
-        choices=["auto", "dspark", "mtp", "off"],
-        default="auto",
-        help="drafting with the checkpoint's own draft layers: dspark (V4.1's DSpark stages), mtp (V4's "
-        "MTP layer); auto: on cuda when the checkpoint has them",
-    )
-    p.add_argument("--verify-schedule", choices=["confidence", "fixed"], default="confidence")
-    p.add_argument("--draft-len", type=int, default=None, help="fixed schedule: drafts verified per request")
+    defaults = ec.EngineConfig().flat()
+    flag_of = {option: dest for dest, option in _OPTION_OF.items()}
+    for option, (kind, text) in _FLAGS.items():
+        flag = "--" + flag_of.get(option, option).replace("_", "-")
+        if kind is None:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=defaults[option], help=text)
+        elif isinstance(kind, tuple):
+            p.add_argument(flag, choices=kind, default=defaults[option], help=text)
+        else:
+            p.add_argument(flag, type=kind, default=defaults[option], help=text)
+    # a plain switch (store_true): off is its default and needs no --no- form
     p.add_argument(
         "--deterministic", action="store_true", help="tokens independent of batch and drafting (seeded)"
-    )
-    p.add_argument(
-        "--overlap",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="plan step N+1 while step N runs (auto: on with cuda when not drafting)",
-    )
-    p.add_argument(
-        "--engine-type",
-        choices=["normal", "prompt", "completion"],
-        default="normal",
-        help="prefill/decode disaggregation: prompt prefills and hands off, completion decodes (README)",
-    )
-    p.add_argument(
-        "--bundle",
-        default=None,
-        help="start from an ahead-of-time bundle of `dsgraph compile` (no tracing or kernel compiling)",
     )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """EngineConfig keyword arguments from the parsed flags."""
-    return {
-        "numerics": args.numerics,
-        "platform": args.platform,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "load_format": args.load_format,
-        "enable_prefix_cache": args.enable_prefix_caching,
-        "prefix_replay": args.prefix_replay,
-        "prefill_truncation": args.prefill_truncation,
-        "prefill_keep_tokens": args.prefill_keep_tokens,
-        "speculative": args.speculative,
-        "verify_schedule": args.verify_schedule,
-        "draft_len": args.draft_len,
-        "deterministic": args.deterministic,
-        "overlap": args.overlap,
-        "engine_type": args.engine_type,
-        "bundle": args.bundle,
-    }
+    """EngineConfig options (flat names, `EngineConfig.from_flat`) from the parsed flags: every flag whose
+    destination is an option's name (or vLLM's name for it)."""
+    options = {_OPTION_OF.get(dest, dest): value for dest, value in vars(args).items()}
+    return {name: value for name, value in options.items() if name in ec.FLAT}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dsgraph.runtime.engine_config import EngineConfig
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="memory per GPU (weights, experts, caches, graphs) and whether it fits")
@@ -15,9 +17,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=int, required=True, help="GPUs to plan for")
     p.add_argument("--gpu-mem", type=float, default=None, help="GiB per GPU (default: an H200's 140)")
     p.add_argument("--ep", type=int, default=None, help="expert-parallel size (default: --gpus)")
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    d = EngineConfig()  # the engine's defaults: a plan without these flags is the engine's
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--max-num-seqs", type=int, default=d.scheduler.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.scheduler.max_num_batched_tokens)
     p.add_argument("--extra-experts", type=int, default=None, help="redundant experts, a lower bound")
     p.set_defaults(func=main)
 

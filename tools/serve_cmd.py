@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.model:
         print(f"no --model given: serving the embedded tiny model at {root} (its weights are random)")
     try:
-        config = EngineConfig(**engine_kwargs(args), check_weights=args.check_weights)
+        config = EngineConfig.from_flat(**engine_kwargs(args))  # with --check-weights
         check_pd_args(args)
         refuse_unless_fits(args, root)
         single = args.ep == 1 and args.nnodes == 1
@@ -185,6 +185,7 @@ def refuse_unless_fits(args: argparse.Namespace, root: Path) -> None:
             gpu_mem_gib=mem / GIB,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
             extra_experts=ep.extra_experts,
         )
         p = plan(load_config(root / "config.json"), req)

@@ -20,8 +20,9 @@ def as_tensor(value: Any) -> torch.Tensor:
 
 
 class Runner:
-    def __init__(self, platform: Platform, device: torch.device, replay_table: Any = None) -> None:
-        """`replay_table` is unused: the interpreter captures nothing to replay."""
+    def __init__(self, platform: Platform, device: torch.device, replay_table: Any = None, **_: Any) -> None:
+        """`replay_table` and the device options (`side_stream`) are unused: the interpreter captures
+        nothing to replay and runs every step on one stream."""
         self.platform, self.name, self.device = platform, platform.name, device
         self.programs: dict[Key, Program] = {}
         self.captured: dict[Key, Any] = {}  # never filled: the interpreter has nothing to capture

@@ -35,8 +35,18 @@ def _on(value: Any, device: torch.device) -> torch.Tensor:
 
 
 class Runner:
-    def __init__(self, platform: Platform, device: torch.device, replay_table: Any = None) -> None:
+    def __init__(
+        self,
+        platform: Platform,
+        device: torch.device,
+        replay_table: Any = None,
+        *,
+        side_stream: bool | None = None,
+    ) -> None:
+        """`side_stream`: each bucket's DeviceProgram hoists its host-table gathers onto a side stream
+        (None: DSGRAPH_SIDE_STREAM)."""
         self.platform, self.name, self.device = platform, platform.name, device
+        self.side_stream = side_stream
         self.programs: dict[Key, DeviceProgram] = {}
         self.captured: dict[Key, CapturedStep] = {}
         self.captures = 0
@@ -55,7 +65,7 @@ class Runner:
 
     def program(self, key: Key, lower: Callable[[], Program]) -> DeviceProgram:
         if key not in self.programs:
-            self.programs[key] = DeviceProgram(lower(), self.device)
+            self.programs[key] = DeviceProgram(lower(), self.device, side_stream=self.side_stream)
         return self.programs[key]
 
     def bucket(self, n: int) -> int:

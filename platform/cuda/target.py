@@ -10,7 +10,6 @@ triton is installed, and the kernel tests refuse to compare an op that has no ke
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import pkgutil
 import sys
@@ -23,7 +22,6 @@ from dsgraph.graph.ir import Eqn
 from dsgraph.platform.cpu.rules_cache import INPLACE_RULES as CACHE_INPLACE
 from dsgraph.platform.cpu.rules_window import INPLACE_RULES as WINDOW_INPLACE
 from dsgraph.platform.cpu.target import PLATFORM as CPU
-from dsgraph.platform.cuda.kernel_config import KernelConfig
 from dsgraph.platform.registry import Platform, Rule
 
 KERNELS_PACKAGE = "dsgraph.platform.cuda.kernels"
@@ -94,26 +92,11 @@ def kernel_launches(rules: Mapping[str, Rule]) -> dict[str, tuple[str, ...]]:
     }
 
 
-def _bind(rule: Rule, **choice: str) -> Rule:
-    """`rule` with its variant keyword fixed; keeps the rule's name (program dumps name the rule)."""
-    return functools.wraps(rule)(lambda p, *operands: rule(p, *operands, **choice))
-
-
-def bound_rules(rules: Mapping[str, Rule], config: KernelConfig) -> dict[str, Rule]:
-    """The kernel rules with `config`'s variants bound into the rules that take one."""
-    choices = {
-        "attention": {"tiling": config.attention_tiling},
-        "moe_experts": {"variant": config.moe_variant},
-    }
-    return {op: _bind(r, **choices[op]) if op in choices else r for op, r in rules.items()}
-
-
-def cuda_platform(config: KernelConfig | None = None) -> Platform:
-    """The cuda platform running `config`'s kernel variants (default: KernelConfig())."""
-    rules = bound_rules(KERNEL_RULES, KernelConfig() if config is None else config)
+def cuda_platform() -> Platform:
+    """The cuda platform: the cpu rules, the in-place cache writes, then every kernel rule over them."""
     return Platform(
         "cuda",
-        {**CPU.rules, **INPLACE_RULES, **rules},
+        {**CPU.rules, **INPLACE_RULES, **KERNEL_RULES},
         unsupported=CPU.unsupported,
         fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
         inplace=INPLACE,

@@ -56,7 +56,7 @@ def _warm_step(engine: Any, kind: str, dims: dict[str, int]) -> dict[str, Any] |
     seqs = min(dims["seqs"], engine.session.cache_sizes.num_slots)
     if kind == "step":
         return warm_inputs(model, dims["tokens"], seqs, dims["outs"])
-    mode = engine.config.prefill_truncation
+    mode = engine.config.truncation.mode
     return warm_truncated_inputs(model, dims["tokens"], seqs, dims["outs"], dims.get("kept", 0), mode)
 
 
@@ -180,8 +180,9 @@ def compile_bundle(
         env.set_triton_cache_dir(tmp / store.KERNELS)
     config = replace(config, bundle=None)
     engine, rank = _engine(root, config, ep, extra_experts)
+    limits = config.scheduler
     spec = BucketSpec(
-        config.max_num_batched_tokens, config.max_num_seqs, config.prefill_truncation, engine.spec is not None
+        limits.max_num_batched_tokens, limits.max_num_seqs, config.truncation.mode, engine.spec is not None
     )
     log(f"dsgraph compile: {root} on {config.platform} into {out}")
     buckets = _buckets(tmp, engine, spec, cuda, log)
@@ -191,8 +192,8 @@ def compile_bundle(
         "environment": current_environment(config.platform),
         "model_dir": None if model_dir is None else str(root.resolve()),
         "config_hash": config_hash(root),
-        "engine": {k: getattr(config, k) for k in COMPILED_FIELDS},
-        "load_format": config.load_format,  # not checked: Session.load's default only
+        "engine": {k: config.flat()[k] for k in COMPILED_FIELDS},
+        "load_format": config.load.format,  # not checked: Session.load's default only
         "ep": ep,
         "cache_sizes": engine.session.cache_sizes.sizes(),
         "buckets": buckets,

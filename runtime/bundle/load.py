@@ -48,7 +48,7 @@ class Bundle:
 
         fields = {k: self.manifest["engine"][k] for k in COMPILED_FIELDS}
         fields["load_format"] = self.manifest.get("load_format", "auto")
-        return EngineConfig(**{**fields, "bundle": str(self.root), **overrides})
+        return EngineConfig.from_flat(**{**fields, "bundle": str(self.root), **overrides})
 
     def model_dir(self) -> Path:
         """The checkpoint the bundle was compiled from (the embedded tiny model when it was that)."""
@@ -63,11 +63,13 @@ class Bundle:
         m = self.manifest
         problems = checks.check_environment(m, current_environment(config.platform))
         problems += checks.check_files(self.root, m)
-        fields = {k: getattr(config, k) for k in COMPILED_FIELDS}
+        flat = config.flat()
+        fields = {k: flat[k] for k in COMPILED_FIELDS}
         problems += checks.check_run(m, fields, config_hash(model_dir), ep)
         if not problems:  # with every field equal the bucket list the run needs is the compiled one
+            limits = config.scheduler
             spec = BucketSpec(
-                config.max_num_batched_tokens, config.max_num_seqs, config.prefill_truncation, self.drafting
+                limits.max_num_batched_tokens, limits.max_num_seqs, config.truncation.mode, self.drafting
             )
             needed = enumerate_buckets(spec)
             problems += checks.check_buckets(m, needed)
@@ -145,9 +147,10 @@ class Bundle:
     def with_tables(self, config: Any) -> Any:
         """`config` with the bundle's tuned tables where it gives none (they are not profiled again)."""
         tables = self.manifest.get("tables", {})
-        curve = config.throughput_curve or _pair(tables.get("throughput_curve"))
-        cost = config.draft_cost or _pair(tables.get("draft_cost"))
-        return replace(config, throughput_curve=curve, draft_cost=cost)
+        spec = config.speculative
+        curve = spec.throughput_curve or _pair(tables.get("throughput_curve"))
+        cost = spec.draft_cost or _pair(tables.get("draft_cost"))
+        return replace(config, speculative=replace(spec, throughput_curve=curve, draft_cost=cost))
 
     def point_kernels(self) -> Path | None:
         """Triton's cache at a copy of the bundle's kernels (the copy takes Triton's writes; the bundle

@@ -31,9 +31,10 @@ __all__ = [
 FORMAT = "dsgraph.bundle"
 VERSION = 1
 MANIFEST = "manifest.json"
-# EngineConfig fields a bundle's graphs, buckets or cache sizes depend on: numerics and geometry shape the
-# traced graph, max_num_seqs / cache_budget_bytes the cache dims every bucket is specialized to, the
-# token and sequence limits the bucket list, truncation and drafting which graph variants exist.
+# EngineConfig options (by their flat names, `EngineConfig.flat`) a bundle's graphs, buckets or cache
+# sizes depend on: numerics and geometry shape the traced graph, max_num_seqs / cache_budget_bytes the
+# cache dims every bucket is specialized to, the token and sequence limits the bucket list, truncation
+# and drafting which graph variants exist.
 COMPILED_FIELDS = (
     "numerics",
     "platform",

@@ -36,9 +36,8 @@ def load_session(cls: Any, path: str | Path, model_dir: str | Path | None, confi
     bundle.point_kernels()
     loaded = load_model_dir(root, config)
     geo_model = _target(loaded, config, bundle.drafting)
-    session = cls(
-        geo_model, loaded.weights, cache_sizes(geo_model, config), platform=config.platform, bundle=bundle
-    )
+    sizes = cache_sizes(geo_model, config)
+    session = cls(geo_model, loaded.weights, sizes, platform=config.platform, cuda=config.cuda, bundle=bundle)
     session.tokenizer = loaded.tokenizer
     return session
 
@@ -46,7 +45,5 @@ def load_session(cls: Any, path: str | Path, model_dir: str | Path | None, confi
 def _target(loaded: Any, config: Any, dspark: bool) -> Any:
     from dsgraph.models.interface import default_geometry
 
-    geo = default_geometry(loaded.cfg.text, config.max_model_len, config.page_size)
-    return loaded.family.build(
-        loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark, config.prefill_truncation
-    )
+    geo = default_geometry(loaded.cfg.text, config.max_model_len, config.cache.page_size)
+    return loaded.family.build(loaded.cfg, loaded.tokenizer, loaded.num, geo, dspark, config.truncation.mode)

@@ -23,7 +23,7 @@ def rank_start(state: dict[str, Any], model: str, config: dict[str, Any], ep_con
     setup = RankSetup(state["rank"], ep_config, control=state.get("control"))
     setup.shared_dir, setup.first_on_node = state.get("shared_dir"), state.get("first_on_node", False)
     state["setup"] = setup
-    state["llm"] = LLM.from_engine(Engine(model, EngineConfig(**config), rank=setup))
+    state["llm"] = LLM.from_engine(Engine(model, EngineConfig.from_flat(**config), rank=setup))
 
 
 def rank_generate(state: dict[str, Any], prompts: list[Any], params: list[Any]) -> list[Any]:

@@ -59,8 +59,6 @@ class GroupEngine:
     def __init__(
         self, model_dir: str | Path, config: Any, ep: EPConfig, rv: Rendezvous | None = None
     ) -> None:
-        from dataclasses import asdict
-
         from dsgraph.models.interface import default_geometry, numerics_for
         from dsgraph.models.registry import family_for
 
@@ -69,7 +67,9 @@ class GroupEngine:
         self.cfg, self.config = family.load_config(root), config
         self.tokenizer = family.load_tokenizer(root, self.cfg)
         geo = default_geometry(
-            self.cfg.text, min(config.max_model_len, self.cfg.text.max_position_embeddings), config.page_size
+            self.cfg.text,
+            min(config.max_model_len, self.cfg.text.max_position_embeddings),
+            config.cache.page_size,
         )
         self.model = family.build(self.cfg, self.tokenizer, numerics_for(config.numerics), geo, False)
         # node 0 listens before the ranks start, so another node's relay never finds the port closed
@@ -77,7 +77,7 @@ class GroupEngine:
         if rv is not None and rv.nnodes > 1 and rv.node_rank == 0:
             self.links = NodeLinks(rv, ep.ep, None)
         try:
-            self.runner = EPRunner(root, ep, asdict(config), rv)
+            self.runner = EPRunner(root, ep, config.flat(), rv)
         except BaseException:
             if self.links is not None:
                 self.links.listener.close()

@@ -22,6 +22,7 @@ import torch
 from dsgraph.graph.passes import specialize
 from dsgraph.graph.passes.memory import plan_memory
 from dsgraph.runtime.distributed.config import DEFAULT_EXTRA_EXPERTS, check_ep, num_redundant
+from dsgraph.runtime.engine_config import CacheConfig, EngineConfig, SchedulingConfig
 from dsgraph.runtime.step_padding import bucket_size
 
 GIB = 1 << 30
@@ -36,10 +37,11 @@ class PlanRequest:
     gpus: int
     ep: int
     gpu_mem_gib: float = H200_GIB
-    max_model_len: int = 1024
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    page_size: int = 16
+    # the engine's own defaults (EngineConfig), so a plan without these flags is the engine's
+    max_model_len: int = EngineConfig.max_model_len
+    max_num_seqs: int = SchedulingConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulingConfig.max_num_batched_tokens
+    page_size: int = CacheConfig.page_size
     extra_experts: int = DEFAULT_EXTRA_EXPERTS
 
     def __post_init__(self) -> None:

@@ -171,7 +171,11 @@ def store_import_for(engine: Engine, store: TieredStore | None) -> StoreImport |
     prefills nothing; a PROMPT engine's export writes its pages through already)."""
     from dsgraph.runtime.kvstore.pd_engines import pd_state
 
-    if store is None or engine.config.engine_type == "completion" or not engine.config.enable_prefix_cache:
+    if (
+        store is None
+        or engine.config.engine_type == "completion"
+        or not engine.config.cache.enable_prefix_cache
+    ):
         return None
     pd = engine.pd if engine.pd is not None else pd_state(engine, store)
     return StoreImport(engine, store, pd.layout, pd.identity)

@@ -6,8 +6,9 @@ this script runs the real front end and back end (down to PTX and cubin with the
 It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted functions), so
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
 The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
-Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only), or
-[linear] (every linear tile, the sweep's candidates too); [moe] adds the MoE sweep's dequant candidates
+Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only, the
+sweeps' candidate tiles too), or [linear] (every linear tile, the sweep's candidates too), or [attention
+NAME...] (attn_sweep's tilings, bf16 queries)
 """
 
 from __future__ import annotations
@@ -101,11 +102,10 @@ def _without_spills(
         raise SystemExit(f"{fn.__name__} {constexprs}: {spills} B of register spill stores, expected none")
 
 
-def _attention(head_dim: int, dtype: str, variants: list[str] | None = None) -> None:
-    """The kernels at the tiles attention.launch picks for each tiling in `variants` (default: the active
-    one; f32 queries take smaller tiles). Register spills are printed, not refused: the attention
-    tilings are ranked by attn_sweep's timings."""
-    from dsgraph.platform.cuda.kernel_config import ATTENTION_TILING
+def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None) -> None:
+    """The kernels at the tiles attention.launch picks for each of `tilings` (name -> attention.Tiles;
+    default: the rule's TILES; f32 queries take smaller tiles). Register spills are printed, not refused:
+    the attention tilings are ranked by attn_sweep's timings."""
     from dsgraph.platform.cuda.kernels import attention as rule
 
     dot = 0 if dtype == "fp32" else 1
@@ -116,24 +116,19 @@ def _attention(head_dim: int, dtype: str, variants: list[str] | None = None) -> 
     sizes = {**{name: "i32" for name in SIZES}, "scale_log2": "fp32"}
     state = {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}
     fused = {**inputs, "sink_ptr": "*fp32", **step, "out_ptr": f"*{dtype}", **sizes}
-    for name in variants or [ATTENTION_TILING]:
-        t = rule.VARIANTS[name]
+    for name, t in (tilings or {"default": rule.TILES}).items():
         block_h, block_n = (
             (16, min(t.block_n, rule.F32_BLOCK_N)) if dtype == "fp32" else (t.block_h, t.block_n)
         )
         splits = rule.num_splits(128, 512, block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True,
-                    DOT=dot, BLOCK_H=block_h, GATHER=t.gather_scales, PAIRS=t.pair_loads, ROWS=t.entry_rows,
-                    **shapes)  # fmt: skip
+                    DOT=dot, BLOCK_H=block_h, **shapes)  # fmt: skip
         print(f"attention tiling {name} ({dtype}): {t}", flush=True)
         for fn, types in (
             (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
             (attention_tl.fused_kernel, fused),
         ):
             _without_spills(fn, types, meta, t.num_warps, fusion=True, num_stages=t.num_stages, fail=False)
-    rows = {"seq_ptr": "*i32", "table_ptr": "*i32", "topk_ptr": "*i32", "rows_ptr": "*i32"}
-    rows |= {name: "i32" for name in ("topk_width", "block_size", "table_width", "num_blocks")}
-    _compile(attention_tl.entry_rows_kernel, rows, dict(BLOCK=rule.ROWS_BLOCK), 4)
     merge = {**state, "sink_ptr": "*fp32", "out_ptr": f"*{dtype}", "num_heads": "i32"}
     _compile(attention_tl.merge_kernel, merge, dict(NUM_SPLITS=5, BLOCK_H=rule.MERGE_H, **shapes), 4)
 
@@ -206,8 +201,9 @@ def _fused() -> None:
         )
 
 
-def _moe() -> None:
-    """V4.1's MoE at its widths: 384 experts of 2304 x 5120 (MXFP4), top-6; W4A8 with BF16 GEMM outputs."""
+def _moe(every: bool = False) -> None:
+    """V4.1's MoE at its widths: 384 experts of 2304 x 5120 (MXFP4), top-6; W4A8 with BF16 GEMM outputs.
+    `every` adds the sweeps' candidate swap tiles (tools/bench/moe_sweep.py, moe_tiles.py's dequant set)."""
     import triton.language as tl
 
     from dsgraph.platform.cuda.kernels import linear_tl
@@ -234,14 +230,19 @@ def _moe() -> None:
         meta = dict(N_SIZE=n, K_SIZE=k, W_ROW_LEN=k // 2, FP4=True, GATED=gated, DOT_KIND=linear_tl.DOT_FP8)
         meta |= dict(GEMM_DTYPE=tl.bfloat16, BLOCK_M=block_m, BLOCK_N=block_n, GATHER=gated)
         _compile(moe_tl.expert_gemm_kernel, gemm, meta, warps)
-    _moe_swap()
+    buckets = [rule.SWAP_BUCKETS]
+    if every:
+        from dsgraph.tools.bench import moe_sweep, moe_tiles
+
+        buckets += [b for b in moe_sweep.CANDIDATES.values() if b is not None]
+        buckets += list(moe_tiles.candidates("dequant").values())
+    _moe_swap(buckets)
 
 
-def _moe_swap() -> None:
-    """Every tile set of every swap variant (moe.VARIANTS) at V4.1's widths, without register spills."""
+def _moe_swap(variants: list[Any]) -> None:
+    """Every tile set of the swap buckets in `variants` at V4.1's widths, without register spills."""
     import triton.language as tl
 
-    from dsgraph.platform.cuda.kernels import moe as rule
     from dsgraph.platform.cuda.kernels import moe_swap_tl
 
     qdq = {"x_ptr": "*bf16", "out_ptr": "*bf16", "num_rows": "i32", "width": "i32"}
@@ -250,7 +251,7 @@ def _moe_swap() -> None:
     sizes = {"num_experts": "i32", "a_stride": "i32", "limit": "fp32"}
     aligned = {"num_experts": 384, "a_stride": 5120}  # launch values (a_stride 2304 for w2: also 16k)
     seen = set()
-    for buckets in (b for b in rule.VARIANTS.values() if b is not None):
+    for buckets in variants:
         for _, gated_tiles, down_tiles in buckets:
             for gated, t in ((True, gated_tiles), (False, down_tiles)):
                 if (gated, t) in seen:
@@ -278,9 +279,9 @@ def _moe_swap() -> None:
 
 def _linear(every: bool) -> None:
     """The linear kernels (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: for
-    FP8 weights every TILE_TABLE entry on each activation path serving uses (FP8-g32 quantized, bf16,
-    wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE entry; `every` adds the
-    sweep's candidates (tools/bench/linear_sweep.py)."""
+    FP8 weights every TILE_TABLE entry on each activation path serving uses (bf16, FP8-g32 qdq'ed before
+    the GEMM included, and wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE
+    entry; `every` adds the sweep's candidates (tools/bench/linear_sweep.py)."""
     from dsgraph.platform.cuda.kernels import linear as rule
     from dsgraph.platform.cuda.kernels import linear_bf16_tl as bf16
     from dsgraph.platform.cuda.kernels import linear_tl
@@ -302,8 +303,7 @@ def _linear(every: bool) -> None:
         linear_tl.reduce_splits_kernel, reduce, dict(SPLITS=4, BLOCK=linear_tl.REDUCE_BLOCK), 4, True
     )
     for t in sorted(tiles):
-        modes = ((bf16.X_QUANT, "*bf16"), (bf16.X_SPLIT, "*fp32")) if t.swapped else ((bf16.X_BF16, "*bf16"),)
-        modes += ((bf16.X_SPLIT, "*fp32"),) if not t.swapped else ()
+        modes = ((bf16.X_BF16, "*bf16"), (bf16.X_SPLIT, "*fp32"))
         for mode, x in modes:
             w = "*fp8e4nv" if t.swapped else "*bf16"
             types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16"}
@@ -329,16 +329,14 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["linear"]:
         _linear(every=True)
         return 0
-    if argv[1:] == ["moe"]:  # the sweep's candidates too (tools/bench/moe_tiles.py, dequant set)
-        from dsgraph.tools.bench.moe_tiles import register
-
-        register("dequant")
-        _moe()
+    if argv[1:] == ["moe"]:
+        _moe(every=True)
         return 0
-    if argv[1:2] == ["attention"]:  # every attention tiling (or those named), bf16 queries
-        from dsgraph.platform.cuda.kernels import attention as rule
+    if argv[1:2] == ["attention"]:  # attn_sweep's tilings (or those named), bf16 queries
+        from dsgraph.tools.bench.attn_sweep import tilings
 
-        _attention(512, "bf16", argv[2:] or list(rule.VARIANTS))
+        names = argv[2:] or list(tilings())
+        _attention(512, "bf16", {name: tilings()[name] for name in names})
         return 0
     head_dim = int(argv[1]) if len(argv) > 1 else 512  # the real width: shared-memory limits show there
     for dtype in ("bf16", "fp32"):

@@ -84,7 +84,7 @@ def _assert_close(got: torch.Tensor, want: torch.Tensor, key_max: float) -> None
 
 
 # Several splits even on tiny shapes.
-SMALL = replace(cuda_attention.VARIANTS["current"], split_tiles=1, block_n=16)
+SMALL = replace(cuda_attention.TILES, split_tiles=1, block_n=16)
 ATTENTION = cuda_attention.attention  # the rule; a test binds a tiling to it
 
 
@@ -102,23 +102,12 @@ def test_attention_matches_the_cpu_rule(dtype: torch.dtype, with_pool: bool, spl
     assert not got[-1].any(), "a padding row must give zeros"
 
 
-def _distinct_tilings() -> list[str]:
-    """One tiling name per kernel arithmetic seen on the tiny shapes (heads per program capped at 32 by
-    the 20 heads; warps, stages and the launch path do not change the bits)."""
-    seen: dict[tuple[object, ...], str] = {}
-    for name, t in sorted(cuda_attention.VARIANTS.items()):
-        key = (min(t.block_h, 32), min(t.split_tiles, 2), t.gather_scales, t.pair_loads, t.entry_rows)
-        seen.setdefault(key, name)
-    return sorted(seen.values())
-
-
-@pytest.mark.parametrize("name", _distinct_tilings())
-def test_every_tiling_matches_the_cpu_rule_on_both_paths(name: str) -> None:
-    """Each distinct tiling attn_sweep times, with its own loads, row mapping and heads per program (20
-    heads: one or two head blocks), keys cut into tiles of 16 and at most 2 tiles a split: a window of 40
-    (3 SWA tiles) spans two SWA splits, the second partial, then 3 pool tiles."""
-    variant = cuda_attention.VARIANTS[name]
-    tiling = replace(variant, block_n=16, split_tiles=min(variant.split_tiles, 2))
+@pytest.mark.parametrize("block_h", [16, 32], ids=["two-head-blocks-of-16", "one-of-32"])
+def test_the_tiles_match_the_cpu_rule_on_both_paths(block_h: int) -> None:
+    """The default tiles with keys cut into tiles of 16 and at most 2 tiles a split: a window of 40 (3 SWA
+    tiles) spans two SWA splits, the second partial, then 3 pool tiles; 20 heads give two head blocks of
+    16 (as f32 queries and heads <= 16 run) or one of 32 (padded)."""
+    tiling = replace(cuda_attention.TILES, block_h=block_h, block_n=16, split_tiles=2)
     p, args = _step(TINY_SEQS, heads=20, width=32, window=40, topk=40, dtype=torch.bfloat16, seed=6,
                     table_width=12)  # fmt: skip
     want = cpu_attention(p, *args)
@@ -126,9 +115,7 @@ def test_every_tiling_matches_the_cpu_rule_on_both_paths(name: str) -> None:
     decode = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=True, tiling=tiling)
     prefill = cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=False, tiling=tiling)
     _assert_close(decode, want, key_max=4.0)
-    assert torch.equal(decode, prefill), (
-        f"tiling {name}: the decode and prefill paths must give the same bits"
-    )
+    assert torch.equal(decode, prefill), "the decode and prefill paths must give the same bits"
 
 
 def test_the_rule_picks_a_path_and_gives_the_same_values() -> None:
@@ -169,9 +156,8 @@ def _row_of_a_batch(p: AttentionParams, args: list[torch.Tensor], rows: slice) -
 
 def test_a_sequence_gives_the_same_bits_alone_and_in_a_batch_of_7(monkeypatch: pytest.MonkeyPatch) -> None:
     """Decode path alone, prefill path in the batch (decode_max_rows lowered): bit-identical rows."""
-    tiling = replace(cuda_attention.VARIANTS["current"], decode_max_rows=4, split_tiles=1)
-    monkeypatch.setitem(cuda_attention.VARIANTS, "test", tiling)
-    monkeypatch.setattr(cuda_attention, "attention", functools.partial(ATTENTION, tiling="test"))
+    tiling = replace(cuda_attention.TILES, decode_max_rows=4, split_tiles=1)
+    monkeypatch.setattr(cuda_attention, "attention", functools.partial(ATTENTION, tiling=tiling))
     seqs = [(2, 30, 0), (1, 9, 0), (3, 14, 2), (1, 40, 35), (2, 5, 0), (1, 17, 0), (1, 3, 0)]
     p, batch = _step(seqs, heads=4, width=32, window=8, topk=12, dtype=torch.bfloat16, seed=3)
     # Sequence 2 alone: its rows (as sequence 0), its per-sequence values and block table row, no padding.
@@ -212,12 +198,11 @@ def test_the_rule_raises_the_cpu_rule_errors(index: int, edit, match: str) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(cuda_attention.VARIANTS))
 @pytest.mark.parametrize(("num_seqs", "rows_per_seq"), [(8, 1), (4, 3)], ids=["decode", "chunks"])
-def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int, name: str) -> None:
-    """64 heads x 512, window 128, top-k 512 over contexts of a few thousand tokens (bf16 queries), every
-    tiling."""
-    tiling = cuda_attention.VARIANTS[name]
+def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int) -> None:
+    """64 heads x 512, window 128, top-k 512 over contexts of a few thousand tokens (bf16 queries), the
+    rule's tiles."""
+    tiling = cuda_attention.TILES
     seqs = [(rows_per_seq, 1000 + 700 * s, 200 * (s % 2)) for s in range(num_seqs)]
     p, args = _step(seqs, heads=64, width=512, window=128, topk=512, dtype=torch.bfloat16, seed=5,
                     block_size=64, table_width=100)  # fmt: skip
@@ -232,7 +217,7 @@ def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int, name
 def test_the_cuda_platform_runs_this_rule() -> None:
     from dsgraph.platform.cuda.target import PLATFORM
 
-    assert PLATFORM.rules["attention"].__wrapped__ is cuda_attention.attention  # bound to its tiling
+    assert PLATFORM.rules["attention"] is cuda_attention.attention
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend")

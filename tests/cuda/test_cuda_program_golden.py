@@ -40,7 +40,7 @@ def test_cuda_program_matches_golden(case: str, stage: str, update_goldens: bool
 @needs_triton
 def test_the_cuda_programs_name_their_kernels() -> None:
     text = _dumps("step")["decode.cuda"]
-    assert "-> cuda.kernels.attention.attention  launches: attention_tl.entry_rows_kernel" in text
+    assert "-> cuda.kernels.attention.attention  launches: attention_tl.split_kernel" in text
     assert "(fallback" not in text
 
 
@@ -53,7 +53,7 @@ def test_captured_decode_bucket_matches_golden(
     from tests.oracle import model_fixtures as fx
 
     model_dir = fx.checkpoint("tiny", str(tmp_path_factory.getbasetemp()))
-    config = EngineConfig(platform="cuda", max_model_len=64, max_num_seqs=2)
+    config = EngineConfig.from_flat(platform="cuda", max_model_len=64, max_num_seqs=2)
     session = Session.from_checkpoint(model_dir, config)
     seqs = [session.open_sequence() for _ in range(2)]
     builder = session.new_step()

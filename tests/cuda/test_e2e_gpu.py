@@ -26,6 +26,7 @@ from dsgraph.models.deepseek_v41.numerics import REFERENCE, SERVING, Numerics
 from dsgraph.platform.cpu.interpret import literal
 from dsgraph.platform.cpu.target import PLATFORM as CPU
 from dsgraph.platform.registry import lower
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.session import Session
 from tests.cuda import bounds
 from tests.oracle import model_fixtures as fx
@@ -47,7 +48,9 @@ def _sessions(runner) -> tuple[Session, Session]:  # type: ignore[no-untyped-def
     weights = {k.removeprefix("weights."): v for k, v in runner.session.weights.items()}
     sizes = runner.session.cache_sizes
     captured = Session(runner.model, weights, sizes, platform="cuda", device="cuda")
-    eager = Session(runner.model, weights, sizes, platform="cuda", device="cuda", capture=False)
+    eager = Session(
+        runner.model, weights, sizes, platform="cuda", device="cuda", cuda=CudaConfig(capture=False)
+    )
     return captured, eager
 
 

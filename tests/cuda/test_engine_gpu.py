@@ -20,7 +20,7 @@ SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=12, igno
 
 def test_platform_is_validated() -> None:
     with pytest.raises(ValueError, match="platform"):
-        EngineConfig(platform="tpu")
+        EngineConfig.from_flat(platform="tpu")
 
 
 def _tokens(llm: LLM, params: SamplingParams) -> list[tuple[int, ...]]:

@@ -165,6 +165,7 @@ def test_pinned_host_table_is_read_zero_copy_by_the_kernel_and_the_cpu_rule() ->
 @pytest.mark.gpu
 def test_session_places_large_engram_tables_in_pinned_host_memory(tmp_path: Any) -> None:
     from dsgraph.models.deepseek_v41.numerics import SERVING
+    from dsgraph.runtime.engine_config import CudaConfig
     from dsgraph.runtime.session import Session
     from tests.oracle import model_fixtures as fx
 
@@ -172,7 +173,9 @@ def test_session_places_large_engram_tables_in_pinned_host_memory(tmp_path: Any)
     weights = dict(runner.session.weights)
     weights = {k.removeprefix("weights."): v for k, v in weights.items()}
     sizes = runner.session.cache_sizes
-    host = Session(runner.model, weights, sizes, platform="cuda", device="cuda", host_min_bytes=0)
+    host = Session(
+        runner.model, weights, sizes, platform="cuda", device="cuda", cuda=CudaConfig(engram_host_min_bytes=0)
+    )
     tables = [k for k in host.weights if placement.is_host_table(k)]
     assert tables, "the tiny model has Engram tables"
     for name, t in host.weights.items():

@@ -19,10 +19,11 @@ from dsgraph.models.deepseek_v41.numerics import REFERENCE, SERVING
 from dsgraph.ops import core as C
 from dsgraph.ops import engram as EG
 from dsgraph.ops import shape as S
-from dsgraph.platform.cuda import execute, placement, target
+from dsgraph.platform.cuda import placement, target
 from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.platform.cuda.side_stream import SidePlan, plan_side_stream
 from dsgraph.platform.registry import lower
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.session import Session
 from tests.cuda.kernel_env import DEVICE, ON_GPU
 from tests.oracle import model_fixtures as fx
@@ -117,7 +118,7 @@ def test_the_tiny_steps_hoist_both_engram_layers(tiny: Any) -> None:
     assert [int(m[1]) for m in waits if m] == [g + 1 for g in gathers] and gathers[0] > 10
 
 
-def _sessions(runner: Any, host_min_bytes: int, capture: bool) -> Session:
+def _sessions(runner: Any, cuda: CudaConfig) -> Session:
     weights = {k.removeprefix("weights."): v for k, v in runner.session.weights.items()}
     return Session(
         runner.model,
@@ -126,8 +127,7 @@ def _sessions(runner: Any, host_min_bytes: int, capture: bool) -> Session:
         # off the GPU the default rules (cpu rules on the device path), as tests/cuda/test_platform.py does
         platform="cuda" if ON_GPU else target.DEFAULTS,
         device=DEVICE,
-        capture=capture,
-        host_min_bytes=host_min_bytes,
+        cuda=cuda,
     )
 
 
@@ -143,26 +143,25 @@ def _run(session: Session, runner: Any) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("capture", [False, True], ids=["eager", "captured"])
 def test_side_stream_and_host_tables_give_the_logits_of_the_plain_program(
-    tmp_path: Path, capture: bool, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capture: bool
 ) -> None:
     """On a GPU: pinned host tables, the side stream and its events (captured: inside the CUDA graphs);
     on the CPU the same plan and order without streams."""
     runner = fx.runner(fx.checkpoint("tiny", str(tmp_path)), REFERENCE if ON_GPU else SERVING)
     runner.add(0)
     runner.add(1)
-    overlapped = _sessions(runner, host_min_bytes=0, capture=capture)
+    overlapped = _sessions(runner, CudaConfig(capture=capture, engram_host_min_bytes=0, side_stream=True))
     if ON_GPU:
         hosted = [k for k, v in overlapped.weights.items() if placement.host_of(v) is not None]
         assert len(hosted) == 4, hosted  # two layers' tables and scales
     got = _run(overlapped, runner)
-    with monkeypatch.context() as m:
-        m.setattr(
-            execute, "plan_side_stream", lambda p: SidePlan(tuple(range(len(p.steps))), frozenset(), {})
-        )
-        runner2 = fx.runner(fx.checkpoint("tiny", str(tmp_path / "b")), REFERENCE if ON_GPU else SERVING)
-        runner2.add(0)
-        runner2.add(1)
-        plain = _sessions(runner2, host_min_bytes=1 << 62, capture=capture)
-        want = _run(plain, runner2)
+    assert all(p.plan.side for p in overlapped.runner.programs.values())  # the gathers were hoisted
+    runner2 = fx.runner(fx.checkpoint("tiny", str(tmp_path / "b")), REFERENCE if ON_GPU else SERVING)
+    runner2.add(0)
+    runner2.add(1)
+    # one stream in program order, every table on the device: EngineConfig.cuda reaches the runner
+    plain = _sessions(runner2, CudaConfig(capture=capture, engram_host_min_bytes=1 << 62, side_stream=False))
+    want = _run(plain, runner2)
+    assert plain.runner.programs and all(not p.plan.side for p in plain.runner.programs.values())
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(g, w), f"step {k}: logits differ by {float((g - w).abs().max())}"

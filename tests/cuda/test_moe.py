@@ -17,8 +17,9 @@ Tolerances:
 - the plan kernel (pairs sorted by expert, tile table): equal to a by-hand stable sort;
 - the combine kernel: bit-equal to the cpu rule's combine (index_add_ of each expert in increasing id,
   in FP32, rounded once), and every row bit-identical whatever the batch around it.
-The moe_experts tests run for every kernel variant (moe.VARIANTS: the base kernels and the swap-AB ones
-with their row buckets); a swap variant must really launch its kernels where it covers the case.
+The moe_experts tests run on both kernel paths: the swap-AB kernels with the rule's row buckets
+(moe.SWAP_BUCKETS), which must really launch where they cover the case, and the base kernels (the rule's
+path for the other cases, forced with `swap=None` for the covered ones).
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from dsgraph.platform.cuda.kernels import moe as cuda_moe  # noqa: E402
 from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 
-# Under the interpreter the full matrix runs on the base kernels and the default swap tiles (the other
-# swap variants differ in tiles only: test_every_variant_matches_cpu_rule); on a GPU on every variant.
-VARIANTS = list(cuda_moe.VARIANTS) if ON_GPU else ["base", "swap"]
-# the rule itself: a test runs a variant by replacing cuda_moe.moe_experts with it bound to that variant
+# kernel path -> the rule's `swap` argument
+VARIANTS: dict[str, cuda_moe.SwapBuckets | None] = {"base": None, "swap": cuda_moe.SWAP_BUCKETS}
+# the rule itself: a test runs a path by replacing cuda_moe.moe_experts with it bound to that path
 MOE_EXPERTS = cuda_moe.moe_experts
 
 
@@ -56,10 +56,10 @@ def _mxfp4_params(
     )  # fmt: skip
 
 
-@pytest.fixture(params=VARIANTS)
+@pytest.fixture(params=list(VARIANTS))
 def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs the test with moe_experts on one kernel variant."""
-    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=request.param))
+    """Runs the test with moe_experts on one kernel path."""
+    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, swap=VARIANTS[request.param]))
     return request.param
 
 
@@ -139,7 +139,7 @@ def test_moe_experts_matches_cpu_rule(
     )
     swap = variant != "base" and cuda_moe._swap_covers(p, torch.empty(0, dtype=x_dtype))
     if variant != "base" and not swap:
-        pytest.skip("the swap variants run the base kernels here")
+        pytest.skip("the rule runs the base kernels here")
     launches = _swap_launches(monkeypatch)
     gen = torch.Generator().manual_seed(rows)
     hidden, inter, num_experts, k = 64, 96, 6, 3
@@ -150,20 +150,6 @@ def test_moe_experts_matches_cpu_rule(
     ws = _expert_weights(fmt, num_experts, hidden, inter, x_dtype, gen)
     _compare_experts(p, x, ids, weights, ws)
     assert len(launches) == (2 if swap else 0)
-
-
-@pytest.mark.parametrize("variant_name", list(cuda_moe.VARIANTS))
-def test_every_variant_matches_cpu_rule(variant_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The serving case (W4A8, BF16 GEMM outputs) at 70 rows (two row tiles of one expert) on each variant."""
-    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=variant_name))
-    launches = _swap_launches(monkeypatch)
-    gen = torch.Generator().manual_seed(70)
-    p = _mxfp4_params(2.0)
-    x = (torch.randn(70, 64, generator=gen) * 2).to(torch.bfloat16)
-    ids, weights = _routing(70, 6, 3, gen)
-    ids[:66, 0] = 4
-    _compare_experts(p, x, ids, weights, _expert_weights("mxfp4_rows", 6, 64, 96, torch.bfloat16, gen))
-    assert len(launches) == (0 if variant_name == "base" else 2)
 
 
 def _compact_experts(ws: tuple, ids: torch.Tensor) -> tuple[tuple, torch.Tensor]:
@@ -205,16 +191,16 @@ def test_moe_experts_rows_are_batch_invariant(act_quant: str, variant: str) -> N
     _check_batch_invariance(act_quant)
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "base" and len(cuda_moe.VARIANTS[v]) > 1])
 def test_moe_experts_rows_are_batch_invariant_across_the_bucket_switch(
-    variant: str, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The variant's first bucket made to end at 8 rows: the 32-row batch runs the next bucket's tiles
-    and its 1- and 7-row parts the first's; every row must come out bit-identical."""
-    buckets = cuda_moe.VARIANTS[variant]
-    (_, gated, down), rest = buckets[0], buckets[1:]
-    monkeypatch.setitem(cuda_moe.VARIANTS, variant, ((8, gated, down), *rest))
-    monkeypatch.setattr(cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, variant=variant))
+    """The rule's first bucket made to end at 8 rows: the 32-row batch runs the next bucket's tiles and
+    its 1- and 7-row parts the first's; every row must come out bit-identical."""
+    (_, gated, down), *rest = cuda_moe.SWAP_BUCKETS
+    assert rest, "SWAP_BUCKETS has one bucket: nothing to switch between"
+    monkeypatch.setattr(
+        cuda_moe, "moe_experts", functools.partial(MOE_EXPERTS, swap=((8, gated, down), *rest))
+    )
     launches = _swap_launches(monkeypatch)
     _check_batch_invariance("fp8_g32")
     assert launches

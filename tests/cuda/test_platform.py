@@ -25,6 +25,7 @@ from dsgraph.platform.cuda.capture import StagedInputs, capturable
 from dsgraph.platform.cuda.execute import DeviceProgram
 from dsgraph.platform.inplace import check_inplace
 from dsgraph.platform.registry import PLATFORM_NAMES, LoweringError, Platform, get_platform, lower
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.session import Session
 from dsgraph.runtime.step_padding import bucket_size, pad_step
 from tests.cuda.kernel_env import DEVICE, ON_GPU, assert_matches
@@ -169,7 +170,7 @@ def _device_session(runner, capture: bool) -> Session:  # type: ignore[no-untype
         runner.session.cache_sizes,
         platform=target.DEFAULTS,
         device=DEVICE,
-        capture=capture,
+        cuda=CudaConfig(capture=capture),
     )
 
 

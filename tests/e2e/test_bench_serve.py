@@ -23,7 +23,7 @@ from tests.e2e.serve_util import serving
 def url():  # type: ignore[no-untyped-def]
     root = default_model_dir()
     app = create_app(
-        Engine(root, EngineConfig(max_model_len=128, max_num_seqs=4)),
+        Engine(root, EngineConfig.from_flat(max_model_len=128, max_num_seqs=4)),
         "tiny",
         recipe_tokenizer(root),
         api_key="k",

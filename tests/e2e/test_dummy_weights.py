@@ -64,7 +64,10 @@ def test_a_config_alone_serves_with_dummy_weights(config_only: Path) -> None:
         len(outs[0].outputs[0].token_ids) == 4
         and outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
     )
-    with pytest.raises(ValueError, match="load_format: 'random', expected 'auto' or 'dummy'"):
+    with pytest.raises(
+        ValueError,
+        match=r"EngineConfig.load.format = 'random' \(option load_format\): expected one of 'auto', 'dummy'",
+    ):
         LLM(config_only, load_format="random")
 
 

@@ -22,7 +22,7 @@ from dsgraph.tools.generate_cmd import default_model_dir
 from tests.e2e.serve_util import scrape, serving
 
 MODEL = "tiny-test"
-CONFIG = EngineConfig(max_model_len=128, max_num_seqs=4)
+CONFIG = EngineConfig.from_flat(max_model_len=128, max_num_seqs=4)
 BODIES = [
     {
         "model": MODEL,

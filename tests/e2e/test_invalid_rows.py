@@ -35,8 +35,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
 def _engine(model_dir, path: str) -> Engine:  # type: ignore[no-untyped-def]
     base: dict[str, Any] = dict(max_model_len=64, enable_prefix_cache=False)
     if path == "overlap":
-        return Engine(model_dir, EngineConfig(overlap="on", speculative="off", **base))
-    return Engine(model_dir, EngineConfig(speculative="dspark", throughput_curve=CURVE, **base))
+        return Engine(model_dir, EngineConfig.from_flat(overlap="on", speculative="off", **base))
+    return Engine(model_dir, EngineConfig.from_flat(speculative="dspark", throughput_curve=CURVE, **base))
 
 
 def _drive(engine: Engine, prompts: dict[int, list[int]]) -> dict[int, tuple[list[int], str, str | None]]:

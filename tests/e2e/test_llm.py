@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dsgraph.models.deepseek_v41.numerics import REFERENCE
+from dsgraph.runtime.engine_config import CudaConfig, EngineConfig
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from tests.oracle import model_fixtures as fx
@@ -120,7 +121,9 @@ def test_prefix_cache_exact_equals_cold_and_counts_hits(model_dir) -> None:  # t
     assert warm == cold
     looked_up, hit = llm.engine.prefix_cache_stats()
     assert looked_up == 3 * 103 and hit == 2 * 96  # grain lcm(16, 32) = 32 tokens: 96 of the shared 96
-    with pytest.raises(ValueError, match="prefix_replay: 'all', expected 'window' or 'exact'"):
+    with pytest.raises(
+        ValueError, match="EngineConfig.cache.prefix_replay = 'all': expected one of 'exact', 'window'"
+    ):
         LLM(model_dir, prefix_replay="all")
 
 
@@ -207,18 +210,28 @@ def test_one_native_call_per_step(model_dir) -> None:  # type: ignore[no-untyped
 
 
 def test_engine_config_errors_name_the_field(model_dir) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match="max_num_seqs: 0, expected an integer >= 1"):
+    with pytest.raises(ValueError, match="EngineConfig.scheduler.max_num_seqs = 0: expected an integer >= 1"):
         LLM(model_dir, max_num_seqs=0)
-    with pytest.raises(ValueError, match="numerics: 'fp64'"):
+    with pytest.raises(
+        ValueError, match="EngineConfig.numerics = 'fp64': expected one of 'serving', 'reference'"
+    ):
         LLM(model_dir, numerics="fp64")
     with pytest.raises(TypeError, match="no_such_option"):
         LLM(model_dir, no_such_option=1)
 
 
+def test_keyword_options_apply_over_a_given_config(model_dir) -> None:  # type: ignore[no-untyped-def]
+    base = EngineConfig(max_model_len=64, cuda=CudaConfig(capture=False))
+    llm = LLM(model_dir, config=base, max_num_seqs=2, prefix_replay="window")
+    want = EngineConfig.from_flat(max_model_len=64, capture=False, max_num_seqs=2, prefix_replay="window")
+    assert llm.engine.config == want and llm.engine.session.cuda == base.cuda
+    assert llm.engine.scheduler.config.max_num_seqs == 2
+
+
 def test_release_forgets_finished_requests_and_aborted_ones_in_flight(model_dir) -> None:  # type: ignore[no-untyped-def]
     from dsgraph.runtime.engine import Engine, EngineConfig
 
-    engine = Engine(model_dir, EngineConfig(max_model_len=256))
+    engine = Engine(model_dir, EngineConfig.from_flat(max_model_len=256))
     engine.add_request(0, PROMPTS[0], GREEDY)
     engine.add_request(1, PROMPTS[1], GREEDY)
     with pytest.raises(ValueError, match="release: request 0 has not finished"):

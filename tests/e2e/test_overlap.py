@@ -130,7 +130,7 @@ def test_plan_of_the_next_step_is_launched_before_the_tokens_are_read(llms, monk
 
 def test_abort_mid_stream_and_late_arrivals(model_dir) -> None:  # type: ignore[no-untyped-def]
     def run(overlap: str, abort_after: int | None) -> dict[int, tuple[tuple[int, ...], str | None]]:
-        engine = Engine(model_dir, EngineConfig(overlap=overlap, **BASE))
+        engine = Engine(model_dir, EngineConfig.from_flat(overlap=overlap, **BASE))
         for rid in range(3):
             engine.add_request(rid, PROMPTS[rid], GREEDY)
         for k in range(4):
@@ -221,10 +221,13 @@ def test_overlap_on_the_cuda_platform_with_a_cpu_device(model_dir, monkeypatch) 
 
 
 def test_overlap_config_errors_name_the_field(model_dir) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match="overlap: 'yes', expected 'auto', 'on' or 'off'"):
-        EngineConfig(overlap="yes")
+    with pytest.raises(
+        ValueError, match="EngineConfig.scheduler.overlap = 'yes': expected one of 'auto', 'on', 'off'"
+    ):
+        EngineConfig.from_flat(overlap="yes")
     drafting = Engine(
-        model_dir, EngineConfig(overlap="on", speculative="dspark", verify_schedule="fixed", max_model_len=64)
+        model_dir,
+        EngineConfig.from_flat(overlap="on", speculative="dspark", verify_schedule="fixed", max_model_len=64),
     )
     assert type(drafting.overlap).__name__ == "SpecOverlap"  # overlap with drafting on (spec_overlap.py)
-    assert Engine(model_dir, EngineConfig(max_model_len=64)).overlap is None  # auto: off on cpu
+    assert Engine(model_dir, EngineConfig.from_flat(max_model_len=64)).overlap is None  # auto: off on cpu

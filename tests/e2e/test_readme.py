@@ -28,7 +28,7 @@ SHELL = [body for lang, body in BLOCKS if lang == "sh"]
 @pytest.fixture(scope="module")
 def url():  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=256, max_num_seqs=4))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=256, max_num_seqs=4))
     with serving(create_app(engine, root.name, recipe_tokenizer(root))) as base:
         yield base
 

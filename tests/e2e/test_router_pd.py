@@ -125,7 +125,7 @@ def _bodies(count: int, tokens: int = TOKENS) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def alone() -> dict[tuple[int, int | None, int], str]:
     """What one NORMAL engine answers, per (prompt, seed, max_tokens): the reference of routed streams."""
-    engine = Engine(default_model_dir(), EngineConfig(max_model_len=256, max_num_seqs=8))
+    engine = Engine(default_model_dir(), EngineConfig.from_flat(max_model_len=256, max_num_seqs=8))
     keys = sorted({(*_key(k), n) for k in range(SEEDS) for n in (TOKENS, 12)}, key=str)
     with serving(create_app(engine, MODEL, recipe_tokenizer(default_model_dir()))) as url:
         results = run_streams(url, [_body(PROMPTS[p], s, n) for p, s, n in keys])

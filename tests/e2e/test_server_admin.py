@@ -20,7 +20,7 @@ MODEL = "tiny"
 
 def _app(api_key: str | None = None):  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=128, max_num_seqs=4))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=128, max_num_seqs=4))
     return create_app(engine, MODEL, recipe_tokenizer(root), api_key=api_key)
 
 

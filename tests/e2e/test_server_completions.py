@@ -27,7 +27,7 @@ PROMPT = "W3 W5 W7"
 @pytest.fixture(scope="module")
 def server():  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=MAX_LEN, max_num_seqs=4))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=MAX_LEN, max_num_seqs=4))
     app = create_app(
         engine, MODEL, recipe_tokenizer(root), api_key=KEY, allowed_origins=["http://ui.example"]
     )

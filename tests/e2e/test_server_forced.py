@@ -46,7 +46,7 @@ DSML_CALL = (
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = make_tiny(tmp_path_factory.mktemp("tiny_deepseek"), seed=0, tokenizer="deepseek")
-    engine = Engine(root, EngineConfig(max_model_len=1024, max_num_seqs=4))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=1024, max_num_seqs=4))
     tok = recipe_tokenizer(root)
     app = create_app(engine, MODEL, tok, thinking=True, allow_forced_outputs=True, allow_fault_injection=True)
 

@@ -29,7 +29,7 @@ PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages
 @pytest.fixture(scope="module")
 def server():  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=128, max_num_seqs=4))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=128, max_num_seqs=4))
     app = create_app(engine, MODEL, recipe_tokenizer(root), limits=LIMITS)
     with serving(app) as url:
         yield url, app.state.server

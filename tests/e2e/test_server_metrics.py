@@ -61,7 +61,7 @@ class Gate:
 @pytest.fixture(scope="module")
 def server():  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=256, max_num_seqs=4, page_size=PAGE_SIZE))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=256, max_num_seqs=4, page_size=PAGE_SIZE))
     gate = Gate(engine)
     app = create_app(engine, MODEL, recipe_tokenizer(root), allow_forced_outputs=True)
     with serving(app) as url:
@@ -214,7 +214,7 @@ def test_failed_model_step_fails_its_request_with_5xx_and_the_server_goes_on(ser
 
 def test_an_engine_loop_that_keeps_failing_fails_each_request_instead_of_hanging() -> None:
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=64, max_num_seqs=2))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=64, max_num_seqs=2))
 
     def broken_step() -> list[object]:
         raise RuntimeError("engine bug (test)")

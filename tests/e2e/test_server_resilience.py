@@ -35,7 +35,7 @@ LIMITS = ServerLimits(max_body_bytes=64 * 1024, max_json_depth=32, max_array_ite
 
 def _app(limits: ServerLimits = LIMITS, **engine_kw: object):  # type: ignore[no-untyped-def]
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=128, max_num_seqs=4, **engine_kw))  # type: ignore[arg-type]
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=128, max_num_seqs=4, **engine_kw))  # type: ignore[arg-type]
     return create_app(engine, MODEL, recipe_tokenizer(root), limits=limits)
 
 
@@ -207,8 +207,8 @@ def test_sigterm_drains_requests_in_flight_then_closes_half_sent_connections() -
 
 
 def test_max_model_len_above_the_model_is_an_error() -> None:
-    with pytest.raises(ValueError, match=r"max_model_len: 8192, expected at most 4096"):
-        Engine(default_model_dir(), EngineConfig(max_model_len=8192))
+    with pytest.raises(ValueError, match=r"EngineConfig.max_model_len = 8192: expected at most 4096"):
+        Engine(default_model_dir(), EngineConfig.from_flat(max_model_len=8192))
 
 
 _json = st.recursive(

@@ -40,7 +40,7 @@ TOOLS = [
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = make_tiny(tmp_path_factory.mktemp("tiny_server_structured"), seed=0, tokenizer="deepseek")
-    engine = Engine(root, EngineConfig(max_model_len=1024, max_num_seqs=4, speculative="off"))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=1024, max_num_seqs=4, speculative="off"))
     app = create_app(engine, MODEL, recipe_tokenizer(root))
     with serving(app) as url:
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)

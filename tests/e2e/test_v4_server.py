@@ -11,6 +11,7 @@ import pytest
 
 from dsgraph.models.deepseek_v4.tiny import make_tiny
 from dsgraph.runtime.engine import Engine, EngineConfig
+from dsgraph.runtime.engine_config import CacheConfig, SchedulingConfig, SpeculativeConfig
 from dsgraph.runtime.server.app import create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
 from tests.e2e.serve_util import serving
@@ -19,7 +20,7 @@ from tests.e2e.serve_util import serving
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     root = Path(make_tiny(tmp_path_factory.mktemp("v4") / "tiny-v4", seed=0))
-    engine = Engine(root, EngineConfig(max_model_len=256, max_num_seqs=2))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=256, max_num_seqs=2))
     with serving(create_app(engine, "v4", recipe_tokenizer(root))) as base:
         yield base
 
@@ -54,9 +55,12 @@ def drafting(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
     root = Path(make_tiny(tmp_path_factory.mktemp("v4-mtp") / "tiny-v4-mtp", seed=0, overrides=overrides))
     # 4-entry pages: prefix-cache hits come in multiples of 4 x 16 (the tiny HCA ratio) = 64 tokens
     config = EngineConfig(
-        max_model_len=256, max_num_seqs=2, page_size=4, numerics="reference", speculative="mtp",
-        verify_schedule="fixed",
-    )  # fmt: skip
+        max_model_len=256,
+        numerics="reference",
+        scheduler=SchedulingConfig(max_num_seqs=2),
+        cache=CacheConfig(page_size=4),
+        speculative=SpeculativeConfig(mode="mtp", verify_schedule="fixed"),
+    )
     engine = Engine(root, config)
     with serving(create_app(engine, "v4", recipe_tokenizer(root))) as base:
         yield base, engine

@@ -13,7 +13,9 @@ MAX_LEN = 128
 
 
 def engine(engine_type: str = "normal", store: Any = None, max_num_seqs: int = 4, **kw: Any) -> Engine:
-    config = EngineConfig(max_model_len=MAX_LEN, max_num_seqs=max_num_seqs, engine_type=engine_type, **kw)
+    config = EngineConfig.from_flat(
+        max_model_len=MAX_LEN, max_num_seqs=max_num_seqs, engine_type=engine_type, **kw
+    )
     return Engine(default_model_dir(), config, store=store)
 
 

@@ -17,7 +17,7 @@ def _args(*argv: str):  # type: ignore[no-untyped-def]
 def test_engine_type_and_store_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
     args = _args("--engine-type", "completion", "--kv-store-path", str(tmp_path), "--kv-store-ttl", "60")
     check_pd_args(args)
-    assert EngineConfig(**engine_kwargs(args)).engine_type == "completion"
+    assert EngineConfig.from_flat(**engine_kwargs(args)).engine_type == "completion"
     store = store_from_args(args)
     assert store.config.disk_ttl_s == 60 and store.disk is not None
     assert store_from_args(_args()) is None

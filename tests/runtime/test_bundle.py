@@ -23,7 +23,7 @@ from dsgraph.tools.inspect_cmd import example_graph
 
 FLAGS = ["--max-model-len", "128", "--max-num-seqs", "2", "--max-num-batched-tokens", "8"]
 KW = {"max_model_len": 128, "max_num_seqs": 2, "max_num_batched_tokens": 8}
-CONFIG = EngineConfig(**KW)
+CONFIG = EngineConfig.from_flat(**KW)
 # the first prompt takes two prefill chunks of 8 rows; with the second the steps hold 2 sequences
 PROMPTS = [list(range(5, 16)), [40, 41, 3]]
 
@@ -112,7 +112,7 @@ def test_a_bundle_of_other_versions_options_and_cluster_shape_lists_every_mismat
         m["environment"]["torch"] = "2.0.0"
 
     path = _edited(bundle, tmp_path, other_torch)
-    problems = _refusal(path, EngineConfig(**{**KW, "max_model_len": 256}), ep=2)
+    problems = _refusal(path, EngineConfig.from_flat(**{**KW, "max_model_len": 256}), ep=2)
     text = "\n".join(problems)
     assert "torch: torch version is '2.0.0' in the bundle" in text
     assert "manifest: its checksum" in text

@@ -16,7 +16,7 @@ from dsgraph.tools.generate_cmd import default_model_dir
 
 @pytest.mark.parametrize("mode", ["compact", "mask"])
 def test_every_reachable_bucket_is_warmed_in_itself(mode: str) -> None:
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         max_model_len=128, max_num_seqs=2, max_num_batched_tokens=8, prefill_truncation=mode
     )
     engine = Engine(default_model_dir(), config)

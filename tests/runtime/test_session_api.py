@@ -11,7 +11,7 @@ from dsgraph import LLM, EngineConfig, SamplingParams, Session
 from dsgraph.runtime import CachePoolError, Step
 from dsgraph.tools.generate_cmd import default_model_dir
 
-CONFIG = EngineConfig(max_model_len=128, max_num_seqs=2)
+CONFIG = EngineConfig.from_flat(max_model_len=128, max_num_seqs=2)
 PROMPTS = ([5, 17, 9, 33, 2], [40, 41])
 
 

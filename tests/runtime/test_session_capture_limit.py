@@ -16,6 +16,7 @@ from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.platform.cuda.target import DEFAULTS
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
 from tests.oracle import model_fixtures as fx
@@ -35,7 +36,9 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, torc
 def _session(parts: tuple[Any, dict[str, torch.Tensor]], **kw: Any) -> Session:
     model, weights = parts
     pages = {r: 2 * pages_for(model, r, CONTEXT) for r in ratios(model.plans)}
-    return Session(model, weights, CacheSizes(2, pages), platform=DEFAULTS, device="cpu", **kw)
+    return Session(
+        model, weights, CacheSizes(2, pages), platform=DEFAULTS, device="cpu", cuda=CudaConfig(**kw)
+    )
 
 
 def test_buckets_over_the_limit_run_eagerly_with_the_same_logits(parts: tuple[Any, Any]) -> None:
@@ -50,6 +53,8 @@ def test_buckets_over_the_limit_run_eagerly_with_the_same_logits(parts: tuple[An
         assert torch.equal(cache, eager.caches[name]), f"cache {name} differs"
 
 
-def test_capture_max_tokens_must_be_positive(parts: tuple[Any, Any]) -> None:
-    with pytest.raises(ValueError, match="capture_max_tokens is 0, expected >= 1"):
-        _session(parts, capture_max_tokens=0)
+def test_capture_max_tokens_must_be_positive() -> None:
+    with pytest.raises(
+        ValueError, match=r"EngineConfig.cuda.capture_max_tokens = 0: expected an integer >= 1"
+    ):
+        CudaConfig(capture_max_tokens=0)

@@ -18,6 +18,7 @@ from dsgraph.models.deepseek_v41.model import build_model
 from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.platform.cuda.target import DEFAULTS
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.prefill_truncation import truncated_inputs
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.tools.bench.steps import decode_step, pages_for, prefill_step
@@ -52,7 +53,7 @@ def _truncated(session: Session, chunk: int, mode: str) -> dict[str, np.ndarray]
 @pytest.mark.parametrize("mode", ["compact", "mask"])
 def test_truncated_buckets_are_captured_apart_and_match_eager(parts: Any, mode: str) -> None:
     captured = _session(parts, mode, platform=DEFAULTS, device="cpu")
-    eager = _session(parts, mode, platform=DEFAULTS, device="cpu", capture=False)
+    eager = _session(parts, mode, platform=DEFAULTS, device="cpu", cuda=CudaConfig(capture=False))
     reference = _session(parts, mode)  # the cpu platform, unpadded
     step, decode = _truncated(captured, 40, mode), decode_step(captured.model, 2, 41)
     first = {}

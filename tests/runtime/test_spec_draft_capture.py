@@ -24,6 +24,7 @@ from dsgraph.models.deepseek_v41.numerics import SERVING
 from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.platform.cuda.capture import capturable
 from dsgraph.platform.cuda.target import DEFAULTS
+from dsgraph.runtime.engine_config import CudaConfig
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches
@@ -45,7 +46,14 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, torc
 def session(parts: tuple[Any, dict[str, torch.Tensor]], *, capture: bool) -> Session:
     model, weights = parts
     pages = {r: SLOTS * pages_for(model, r, CONTEXT) for r in ratios(model.plans)}
-    s = Session(model, weights, CacheSizes(SLOTS, pages), platform=DEFAULTS, device="cpu", capture=capture)
+    s = Session(
+        model,
+        weights,
+        CacheSizes(SLOTS, pages),
+        platform=DEFAULTS,
+        device="cpu",
+        cuda=CudaConfig(capture=capture),
+    )
     assert s.runner.pads  # the cuda runner (eager or captured), not the cpu platform's interpreter
     fill_caches(s)  # context rings of random, finite keys
     return s

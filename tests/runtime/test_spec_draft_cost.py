@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsgraph.runtime.spec_pause import DraftCost, check_draft_cost
+from dsgraph.runtime.engine_config import check_draft_cost
+from dsgraph.runtime.spec_pause import DraftCost
 from dsgraph.runtime.spec_schedule import make_curve, plan_rate, plan_verification
 from tests.runtime.test_spec_scheduler import drafts_for, make
 
@@ -128,7 +129,7 @@ def test_draft_cost_by_depth() -> None:
     cost.observe(1, 8.0)  # the full-depth pass moves halfway; the shallower depths keep their shares
     assert cost.by_depth(1) == pytest.approx([1.5, 3.0, 6.0])
     check_draft_cost(((1, 8), ((1.0, 2.0), 3.0)))
-    with pytest.raises(ValueError, match=r"draft_cost: draft time \(1.0, -2.0\) for 1 sequences"):
+    with pytest.raises(ValueError, match=r"draft_cost = .*\(got \(1.0, -2.0\) for 1 sequences\)"):
         check_draft_cost(((1,), ((1.0, -2.0),)))
 
 

@@ -119,7 +119,7 @@ def test_abort_with_drafts_pending_frees_pages_and_slots(model_dir) -> None:  # 
     while eng.has_unfinished:
         eng.step()
     sched = eng.scheduler
-    assert sched.native.num_free_slots == eng.config.max_num_seqs
+    assert sched.native.num_free_slots == eng.config.scheduler.max_num_seqs
     for r in sched.config.ratios:
         assert sched.page_usage(r).used == 0
 
@@ -137,20 +137,36 @@ def test_draft_programs_are_lowered_once_per_bucket(model_dir) -> None:  # type:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        (dict(speculative="yes"), r"speculative: 'yes', expected one of \['auto', 'dspark', 'mtp', 'off'\]"),
-        (dict(verify_schedule="eager"), r"verify_schedule: 'eager', expected one of"),
-        (dict(draft_len=6), r"draft_len: 6, expected None or an integer in 0..5"),
-        (dict(deterministic=1), r"deterministic: 1, expected a bool"),
-        (dict(throughput_curve=((1, 2), (1.0,))), r"throughput_curve: .* equal, non-zero length"),
-        (dict(throughput_curve=((2, 1), (1.0, 2.0))), r"sizes"),
-        (dict(draft_pause=1), r"draft_pause: 1, expected a bool"),
-        (dict(draft_cost=((1, 2), (1.0,))), r"draft_cost: .* equal, non-zero length"),
-        (dict(draft_cost=((1,), (math.nan,))), r"draft_cost: draft time nan for 1 sequences"),
+        (
+            dict(speculative="yes"),
+            r"^EngineConfig.speculative.mode = 'yes' \(option speculative\): "
+            r"expected one of 'auto', 'dspark', 'mtp', 'off'$",
+        ),
+        (
+            dict(verify_schedule="eager"),
+            r"^EngineConfig.speculative.verify_schedule = 'eager': expected one of",
+        ),
+        (dict(draft_len=6), r"^EngineConfig.speculative.draft_len = 6: expected None or an integer in 0..5$"),
+        (dict(deterministic=1), r"^EngineConfig.speculative.deterministic = 1: expected a bool$"),
+        (
+            dict(throughput_curve=((1, 2), (1.0,))),
+            r"throughput_curve = .*: expected .* equal, non-zero length",
+        ),
+        (
+            dict(throughput_curve=((2, 1), (1.0, 2.0))),
+            r"throughput_curve = .*: expected .*strictly increasing sizes",
+        ),
+        (dict(draft_pause=1), r"^EngineConfig.speculative.draft_pause = 1: expected a bool$"),
+        (dict(draft_cost=((1, 2), (1.0,))), r"draft_cost = .*: expected .* equal, non-zero length"),
+        (
+            dict(draft_cost=((1,), (math.nan,))),
+            r"draft_cost = .*: expected finite draft ms .*\(got nan for 1 sequences\)",
+        ),
     ],
 )
 def test_engine_config_errors_name_the_field(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**kw)
+        EngineConfig.from_flat(**kw)
 
 
 def test_auto_is_off_on_cpu(model_dir) -> None:  # type: ignore[no-untyped-def]

@@ -11,7 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from dsgraph.runtime.spec_pause import DraftCost, DraftPause, PauseConfig, check_draft_cost
+from dsgraph.runtime.engine_config import check_draft_cost
+from dsgraph.runtime.spec_pause import DraftCost, DraftPause, PauseConfig
 from dsgraph.runtime.spec_schedule import make_curve
 
 NEXTN = 5
@@ -93,9 +94,9 @@ def test_errors_name_the_field() -> None:
         PauseConfig(alpha=0.0)
     with pytest.raises(ValueError, match="DraftCost.alpha = 2"):
         DraftCost(alpha=2)
-    with pytest.raises(ValueError, match="draft_cost: .*equal, non-zero length"):
+    with pytest.raises(ValueError, match=r"draft_cost = .*: expected .*equal, non-zero length"):
         check_draft_cost(((1, 2), (1.0,)))
-    with pytest.raises(ValueError, match="draft_cost: sequence count 0, expected an integer >= 1"):
+    with pytest.raises(ValueError, match=r"draft_cost = .*: expected sequence counts >= 1 \(got 0\)"):
         check_draft_cost(((0,), (1.0,)))
-    with pytest.raises(ValueError, match="draft_cost: draft time -1.0 for 1 sequences"):
+    with pytest.raises(ValueError, match=r"draft_cost = .*\(got -1.0 for 1 sequences\)"):
         check_draft_cost(((1,), (-1.0,)))

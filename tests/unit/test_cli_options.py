@@ -57,11 +57,16 @@ def test_flags_map_onto_engine_config() -> None:
             "64",
         ]
     )
-    cfg = EngineConfig(**engine_kwargs(args))
-    assert (cfg.enable_prefix_cache, cfg.prefix_replay, cfg.load_format) == (False, "window", "dummy")
-    assert (cfg.deterministic, cfg.speculative, cfg.max_num_batched_tokens) == (True, "off", 64)
-    default = EngineConfig(**engine_kwargs(build_parser().parse_args(["generate"])))
-    assert default.prefix_replay == "exact" and default.enable_prefix_cache
+    cfg = EngineConfig.from_flat(**engine_kwargs(args))
+    assert (cfg.cache.enable_prefix_cache, cfg.cache.prefix_replay, cfg.load.format) == (
+        False,
+        "window",
+        "dummy",
+    )
+    assert (cfg.speculative.deterministic, cfg.speculative.mode) == (True, "off")
+    assert cfg.scheduler.max_num_batched_tokens == 64
+    default = EngineConfig.from_flat(**engine_kwargs(build_parser().parse_args(["generate"])))
+    assert default.cache.prefix_replay == "exact" and default.cache.enable_prefix_cache
 
 
 @pytest.mark.parametrize("command", ["serve", "generate"])

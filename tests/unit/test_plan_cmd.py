@@ -74,6 +74,7 @@ def test_serve_with_room_passes_the_check() -> None:
         gpu_mem=100.0,
         max_model_len=64,
         max_num_seqs=2,
+        max_num_batched_tokens=256,
         ep=2,
         nnodes=1,
         node_rank=0,

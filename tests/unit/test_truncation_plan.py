@@ -11,7 +11,7 @@ import pytest
 from dsgraph.models.deepseek_v41.config import parse_config
 from dsgraph.models.deepseek_v41.flash import flash_config_dict
 from dsgraph.models.deepseek_v41.truncation import check_truncatable, decoder_start
-from dsgraph.runtime.engine_config import EngineConfig
+from dsgraph.runtime.engine_config import EngineConfig, TruncationConfig
 from dsgraph.runtime.prefill_truncation import max_backtrack, min_keep_tokens, resolve_keep, truncated_inputs
 from dsgraph.tools.engine_args import add_engine_args, engine_kwargs
 
@@ -92,17 +92,21 @@ def test_v41_decoder_starts_at_the_last_kv_source() -> None:
 
 
 def test_engine_config_fields_are_validated() -> None:
-    assert EngineConfig().prefill_truncation == "off"  # the exact default
-    with pytest.raises(ValueError, match="prefill_truncation: 'on'"):
-        EngineConfig(prefill_truncation="on")
-    with pytest.raises(ValueError, match="prefill_keep_tokens: 0"):
-        EngineConfig(prefill_truncation="compact", prefill_keep_tokens=0)
+    assert EngineConfig().truncation.mode == "off"  # the exact default
+    with pytest.raises(
+        ValueError, match=r"EngineConfig.truncation.mode = 'on' \(option prefill_truncation\)"
+    ):
+        EngineConfig.from_flat(prefill_truncation="on")
+    with pytest.raises(
+        ValueError, match=r"EngineConfig.truncation.keep_tokens = 0 \(option prefill_keep_tokens\)"
+    ):
+        EngineConfig.from_flat(prefill_truncation="compact", prefill_keep_tokens=0)
 
 
 def test_cli_flags_reach_the_engine_config() -> None:
     p = argparse.ArgumentParser()
     add_engine_args(p)
     kw = engine_kwargs(p.parse_args(["--prefill-truncation", "compact", "--prefill-keep-tokens", "140"]))
-    config = EngineConfig(**kw)
-    assert (config.prefill_truncation, config.prefill_keep_tokens) == ("compact", 140)
+    config = EngineConfig.from_flat(**kw)
+    assert config.truncation == TruncationConfig("compact", 140)
     assert engine_kwargs(p.parse_args([]))["prefill_truncation"] == "off"

@@ -10,7 +10,6 @@ read across steps, across a wrap-around and per slot. Also: the `speculative` op
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from dsgraph.models.deepseek_v41.tiny import tiny_config_dict as tiny_v41
 from dsgraph.models.interface import REFERENCE, DraftRequest, default_geometry, weight_types
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import lower
-from dsgraph.runtime.engine_config import EngineConfig
+from dsgraph.runtime.engine_config import ConfigError, EngineConfig, SpeculativeConfig
 from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.runtime.spec_setup import SpecSetup
 from dsgraph.runtime.step_runner import StepRunner
@@ -105,7 +104,7 @@ def test_the_draft_equals_the_mtp_layer_over_the_whole_sequence(roots: dict[str,
 def _resolve(root: Path, speculative: str, weights: dict | None = None) -> SpecSetup:  # type: ignore[type-arg]
     cfg = load_config(root)
     held = load_weights(root, cfg, REFERENCE, None) if weights is None else weights
-    config = SimpleNamespace(speculative=speculative, draft_len=None, verify_schedule="fixed")
+    config = SpeculativeConfig(mode=speculative, verify_schedule="fixed")
     return SpecSetup.resolve(config, cfg, held, platform="cpu")
 
 
@@ -113,20 +112,26 @@ def test_speculative_options(roots: dict[str, Path]) -> None:
     assert _resolve(roots["mtp"], "mtp").nextn == 1
     assert not _resolve(roots["mtp"], "auto").enabled  # cpu: auto stays off
     assert not _resolve(roots["mtp"], "off").enabled
-    with pytest.raises(ValueError, match="num_nextn_predict_layers is 0"):
+    with pytest.raises(ValueError, match=r"^EngineConfig.speculative.mode = 'mtp' needs .* is 0"):
         _resolve(roots["plain"], "mtp")
-    with pytest.raises(ValueError, match=r"'dspark' is not available for deepseek_v4 .* draft with 'mtp'"):
+    with pytest.raises(
+        ValueError, match=r"^EngineConfig.speculative.mode = 'dspark': not available for deepseek_v4 .* 'mtp'"
+    ):
         _resolve(roots["mtp"], "dspark")
     with pytest.raises(ValueError, match="no MTP layer in this project's layout"):
         _resolve(roots["mtp"], "mtp", weights={})
     v41 = parse_v41(tiny_v41())
-    config = SimpleNamespace(speculative="mtp", draft_len=None, verify_schedule="fixed")
-    with pytest.raises(ValueError, match=r"'mtp' is not available for deepseek_v41 .* draft with 'dspark'"):
+    config = SpeculativeConfig(mode="mtp", verify_schedule="fixed")
+    with pytest.raises(
+        ValueError, match=r"^EngineConfig.speculative.mode = 'mtp': not available for deepseek_v41 .*'dspark'"
+    ):
         SpecSetup.resolve(config, v41, {}, platform="cpu")
     with pytest.raises(
-        ValueError, match=r"speculative: 'eagle', expected one of \['auto', 'dspark', 'mtp', 'off'\]"
+        ConfigError,
+        match=r"^EngineConfig.speculative.mode = 'eagle' \(option speculative\): "
+        r"expected one of 'auto', 'dspark', 'mtp', 'off'$",
     ):
-        EngineConfig(speculative="eagle")
+        EngineConfig.from_flat(speculative="eagle")
 
 
 def test_a_checkpoint_without_this_layout_loads_its_backbone(roots: dict[str, Path], tmp_path: Path) -> None:

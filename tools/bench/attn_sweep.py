@@ -1,6 +1,7 @@
-"""Sparse decode attention sweep (issue 5's target: within 1.3x of FlashMLA): every tiling of the cuda
-`attention` rule (platform/cuda/kernels/attention.py VARIANTS) against FlashMLA's SM90 sparse FP8 decode
-at batch 1, 8, 32, 64, 128 (64 heads x 512, window 128 + top-k 512: kernels_cmp's cases and inputs).
+"""Sparse decode attention sweep (issue 5's target: within 1.3x of FlashMLA): candidate tilings of the
+cuda `attention` rule (TILINGS: the rule's TILES as "current", and others through `launch`'s `tiling`)
+against FlashMLA's SM90 sparse FP8 decode at batch 1, 8, 32, 64, 128 (64 heads x 512, window 128 + top-k
+512: kernels_cmp's cases and inputs).
 
 Times are CUDA-graph replays (what a captured step sees) and eager calls (what the bench's side by side
 reports: host launch work included). Each tiling is also checked on the GPU: its batch-8 output against
@@ -40,6 +41,13 @@ CHECK_BATCH = 8
 KEY_MAX = 8.0  # |keys| of kernels_cmp's random cache bytes stay below 6 (NVFP4) and 1 (FP8 ring)
 
 
+def tilings() -> dict[str, Any]:
+    """name -> attention.Tiles: the rule's default ("current") and the candidates compared with it."""
+    from dsgraph.platform.cuda.kernels.attention import TILES, Tiles
+
+    return {"current": TILES, "split2": Tiles(split_tiles=2), "h16w4": Tiles(block_h=16, num_warps=4)}
+
+
 def _case(batch: int) -> SparseDecodeCase:
     return SparseDecodeCase(batch=batch, topk=512, window=128)
 
@@ -56,7 +64,7 @@ def _run(name: str, params: Any, args: tuple[torch.Tensor, ...], split: bool | N
     """The rule's launch with tiling `name`: the path the rule picks (split None) or the one asked."""
     from dsgraph.platform.cuda.kernels import attention as A
 
-    tiling = A.VARIANTS[name]
+    tiling = tilings()[name]
     if split is None:
         split = args[0].shape[0] <= tiling.decode_max_rows
     return A.launch(params, *args[:4], tuple(args[4:]), split=split, tiling=tiling)
@@ -236,11 +244,10 @@ def static(names: list[str]) -> dict[str, Any]:
     }
     out: dict[str, Any] = {}
     for name in names:
-        t = A.VARIANTS[name]
+        t = tilings()[name]
         splits = A.num_splits(128, 512, t.block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, HEAD_DIM=512, BLOCK_H=t.block_h, BLOCK_C=256,
-                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True, DOT=1,
-                    GATHER=t.gather_scales, PAIRS=t.pair_loads, ROWS=t.entry_rows)  # fmt: skip
+                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True, DOT=1)  # fmt: skip
         options: dict[str, Any] = {"num_warps": t.num_warps}
         if t.num_stages is not None:
             options["num_stages"] = t.num_stages
@@ -295,20 +302,22 @@ def _table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--variants", default="", help="comma-separated VARIANTS names (default: all)")
+    parser.add_argument("--variants", default="", help="comma-separated tilings() names (default: all)")
     parser.add_argument("--budget", type=float, default=85.0, help="seconds; later cells are skipped")
     parser.add_argument("--jobs", type=int, default=12, help="tilings compiled in parallel")
     parser.add_argument("--warm", default="", help=argparse.SUPPRESS)
     parser.add_argument("--static", action="store_true", help="SASS cost per tiling, no GPU (see above)")
     opts = parser.parse_args(argv)
     import dsgraph.ops  # noqa: F401  (declares the ops)
-    from dsgraph.platform.cuda.kernels import attention as A
 
     if opts.warm:
         warm(opts.warm)
         return 0
     start = time.time()
-    names = [n for n in opts.variants.split(",") if n] or list(A.VARIANTS)
+    names = [n for n in opts.variants.split(",") if n] or list(tilings())
+    unknown = sorted(set(names) - set(tilings()))
+    if unknown:
+        parser.error(f"--variants: {unknown}, expected names of {sorted(tilings())}")
     if opts.static:
         opts.out.mkdir(parents=True, exist_ok=True)
         (opts.out / "attn_static.json").write_text(json.dumps(static(names), indent=1))
@@ -322,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     deadline = start + opts.budget
     for name in names:
-        entry: dict[str, Any] = {"tiles": asdict(A.VARIANTS[name]), "compile": compiled[name]}
+        entry: dict[str, Any] = {"tiles": asdict(tilings()[name]), "compile": compiled[name]}
         before = _kernels()
         if compiled[name] == "ok":
             try:

@@ -88,7 +88,7 @@ def _compile(model: str, config: dict[str, Any], out: str) -> dict[str, Any]:
     from dsgraph.runtime.engine_config import EngineConfig
 
     start = time.perf_counter()
-    manifest = compile_bundle(Path(model), EngineConfig(**config), Path(out), log=lambda _msg: None)
+    manifest = compile_bundle(Path(model), EngineConfig.from_flat(**config), Path(out), log=lambda _msg: None)
     files = [Path(out) / rel for rel in manifest["files"]]
     return {
         "compile_s": time.perf_counter() - start,

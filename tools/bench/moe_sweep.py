@@ -1,6 +1,7 @@
-"""GPU sweep of `moe_experts` (cuda rule) over its kernel variants at V4.1's widths:
+"""GPU sweep of `moe_experts` (cuda rule) over candidate kernel variants at V4.1's widths:
 `python -m dsgraph.tools.bench.moe_sweep --out DIR` prints one line per (variant, rows) and writes
-DIR/moe_sweep.json.
+DIR/moe_sweep.json. A variant is a name of CANDIDATES: "base" (the base kernels) or swap-AB tiles per row
+bucket, passed to the rule as its `swap` argument; "swap_ds" is the rule's default (moe.SWAP_BUCKETS).
 
 Hidden 5120, 384 experts of 2304 (random packed MXFP4 weights and UE8M0 scales made on the device), top-6
 uniform random routing, W4A8 (act_quant fp8_g32) with BF16 GEMM outputs and an FP32 result, as the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,8 +29,8 @@ import torch
 
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.step_rows import rowwise_linear
-from dsgraph.platform.cuda.kernel_config import MOE_VARIANT
 from dsgraph.platform.cuda.kernels import moe as cuda_moe
+from dsgraph.platform.cuda.kernels.moe import SWAP_BUCKETS, SwapBuckets, SwapTiles
 from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps, fp8_gemm_tflops
 from dsgraph.tools.bench.timing import graph_time_ms
 
@@ -38,6 +40,24 @@ MOE_GPU_TOL = 2.0**-6  # tests/cuda/bounds.py (kept here: tests/ is not part of 
 PARAMS = SimpleNamespace(
     swiglu_limit=10.0, weight_format="mxfp4_rows", act_quant="fp8_g32", out_dtype="f32", gemm_out_dtype="bf16"
 )
+
+_BIG = 1 << 62
+_D64, _D128 = SwapTiles(64, 16, 64, 4, 4), SwapTiles(64, 16, 128, 4, 4)  # decode: 16 rows per tile
+_W128, _K128 = SwapTiles(128, 16, 128, 8, 4), SwapTiles(128, 64, 128, 8, 3)
+_PREFILL = SWAP_BUCKETS[-1]
+DEFAULT = "swap_ds"
+# The variants earlier sweeps compared (their names are those of the JSON results under bench/results).
+CANDIDATES: dict[str, SwapBuckets | None] = {
+    "base": None,  # expert_gemm_kernel with GATED_TILES / DOWN_TILES (FP8 dots, 32-column promotion)
+    "swap": ((512, _D64, _D64), _PREFILL),
+    "swap_k128": ((512, _D128, _D128), (_BIG, _K128, _K128)),
+    "swap_w128": ((512, _W128, _W128), (_BIG, _K128, _K128)),
+    "swap_flat": ((_BIG, _D64, _D64),),  # one tile set for every step (no bucket switch)
+    DEFAULT: SWAP_BUCKETS,
+}
+for _buckets in CANDIDATES.values():
+    if _buckets is not None:
+        cuda_moe.check_buckets(_buckets)
 
 
 def expert_bytes() -> int:
@@ -100,40 +120,46 @@ def magnitude(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ws: tup
     return out
 
 
-def run_variant(variant: str, args: tuple) -> torch.Tensor:
-    return cuda_moe.moe_experts(PARAMS, *args, variant=variant)
+def run_variant(swap: SwapBuckets | None, args: tuple) -> torch.Tensor:
+    return cuda_moe.moe_experts(PARAMS, *args, swap=swap)
 
 
-def time_variant(variant: str, args: tuple) -> float:
-    return graph_time_ms(lambda: cuda_moe.moe_experts(PARAMS, *args, variant=variant), repeats=10)
+def time_variant(swap: SwapBuckets | None, args: tuple) -> float:
+    return graph_time_ms(lambda: cuda_moe.moe_experts(PARAMS, *args, swap=swap), repeats=10)
 
 
 def sweep_rows(
-    rows: int, ws: tuple, cal: dict[str, float], variants: list[str], same_as: str | None = None
+    rows: int,
+    ws: tuple,
+    cal: dict[str, float],
+    variants: Mapping[str, SwapBuckets | None],
+    same_as: tuple[str, SwapBuckets | None] | None = None,
 ) -> list[dict[str, Any]]:
+    """One case per variant (name -> swap buckets) at `rows` rows; `same_as`: (name, swap buckets) of
+    the variant whose bits each result is compared with."""
     gen = torch.Generator(device="cuda").manual_seed(rows)
     x, ids, weights = step_inputs(rows, gen)
     args = (x, ids, weights, *ws)
     touched = int(torch.unique(ids).numel())
     weight_bytes = touched * expert_bytes()
     flop = 2 * ids.numel() * 3 * HIDDEN * INTER
-    base = run_variant("base", args)
+    base = run_variant(None, args)
     bound = 2 * MOE_GPU_TOL * magnitude(x, ids, weights, ws) + 1e-6 * base.abs()
-    reference = run_variant(same_as, args) if same_as else None
+    reference = run_variant(same_as[1], args) if same_as else None
     cases = []
-    for variant in variants:
+    for variant, swap in variants.items():
         case: dict[str, Any] = dict(
             variant=variant, rows=rows, experts_touched=touched, weight_bytes=weight_bytes
         )
         try:
-            got = run_variant(variant, args)
+            got = run_variant(swap, args)
             diff = (got - base).abs()
             if reference is not None:
                 case["same_bits"] = bool(torch.equal(got, reference))
             case["max_abs_diff"] = float(diff.max())
             case["worst_diff_over_bound"] = float((diff / bound).max())
             case["ok"] = bool((diff <= bound).all())
-            ms = time_variant(variant, args)
+            ms = time_variant(swap, args)
         except Exception as error:  # a variant that fails to compile or launch is reported, not fatal
             case |= dict(ok=False, error=f"{type(error).__name__}: {error}"[:300])
             cases.append(case)
@@ -147,7 +173,7 @@ def sweep_rows(
         cases.append(case)
         flag = "" if case["ok"] else "  WRONG (diff over bound)"
         if reference is not None:
-            flag += f"  same bits as {same_as}: {case['same_bits']}"
+            flag += f"  same bits as {same_as[0]}: {case['same_bits']}"
         print(
             f"{variant:>10} rows {rows:5d}: {ms:8.3f} ms  {weight_bytes / 1e9:6.3f} GB  "
             f"{case['fraction_of_copy']:6.1%} of copy  {case['fp8_equiv_tflops']:7.1f} TFLOP/s "
@@ -158,12 +184,19 @@ def sweep_rows(
     return cases
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra: Mapping[str, SwapBuckets] | None = None) -> int:
+    """`extra`: more variants (name -> swap buckets) that --variants and --same-bits-as may name."""
+    table = {**CANDIDATES, **(extra or {})}
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--variants", nargs="*", default=list(cuda_moe.VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=list(CANDIDATES), choices=list(table))
     parser.add_argument("--rows", nargs="*", type=int, default=list(ROWS))
-    parser.add_argument("--same-bits-as", default=None, help="a variant each result must equal bit for bit")
+    parser.add_argument(
+        "--same-bits-as",
+        default=None,
+        choices=list(table),
+        help="a variant each result must equal bit for bit",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     cal = {"copy_gbps": copy_bandwidth_gbps(1 << 30), "fp8_gemm_tflops": fp8_gemm_tflops()}
@@ -172,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     ws = random_experts(torch.Generator(device="cuda").manual_seed(0))
-    cases = [c for rows in args.rows for c in sweep_rows(rows, ws, cal, args.variants, args.same_bits_as)]
+    variants = {name: table[name] for name in args.variants}
+    same_as = (args.same_bits_as, table[args.same_bits_as]) if args.same_bits_as else None
+    cases = [c for rows in args.rows for c in sweep_rows(rows, ws, cal, variants, same_as)]
     result = dict(
         gpu=torch.cuda.get_device_name(),
         shape=dict(hidden=HIDDEN, inter=INTER, experts=EXPERTS, topk=TOPK, expert_bytes=expert_bytes()),
         params=vars(PARAMS),
         calibration=cal,
-        default_variant=MOE_VARIANT,
+        default_variant=DEFAULT,
         same_bits_as=args.same_bits_as,
         cases=cases,
         seconds=time.monotonic() - start,

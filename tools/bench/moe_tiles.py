@@ -1,9 +1,10 @@
 """GPU sweep of candidate swap-AB tile sets for `moe_experts` (moe.SwapTiles) at V4.1's widths:
-`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant]` registers each
-candidate as a one-bucket variant, prints for a few row counts whether its output has the same bits as
-"swap"'s (a variant that mixes tile sets across its row buckets keeps rows batch invariant only then),
-and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave swap_ds's decode tiles
-(bench/results/moe-sweep-H200-ds-decode-tiles*.json), the prefill set its prefill choice.
+`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant]` makes each
+candidate a one-bucket variant (`candidates`), prints for a few row counts whether its output has the
+same bits as "swap"'s (a variant that mixes tile sets across its row buckets keeps rows batch invariant
+only then), and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave the
+default's decode tiles (moe.SWAP_BUCKETS; bench/results/moe-sweep-*-ds-decode-tiles*.json), the prefill
+set its prefill choice.
 The dequant set times the kernel's own word-wise dequantization (SwapTiles.scaled False) at decode tiles
 against the default swap_ds, each candidate with the default's prefill bucket, at 1 to 4096 rows, and
 checks every result bit for bit against `scaled_ref`: dot_scaled (Triton's upcast, a separate
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import torch
 
-from dsgraph.platform.cuda.kernels import moe as cuda_moe
+from dsgraph.platform.cuda.kernels.moe import SWAP_BUCKETS, SwapBuckets, SwapTiles
 from dsgraph.tools.bench import moe_sweep
 
-T = cuda_moe.SwapTiles
+T = SwapTiles
+_BIG = 1 << 62
 DECODE = {  # (weight rows, sorted rows, columns, warps, stages, dot_scaled) for both GEMMs
     f"d_{'ds' if t.scaled else 'dq'}_{t.block_w}_{t.block_k}_w{t.num_warps}s{t.num_stages}": t
     for t in (
@@ -57,33 +59,26 @@ PREFILL = {  # (gated tiles, down tiles)
 }
 
 
-def register(which: str) -> list[str]:
-    """Adds the set's candidates to moe.VARIANTS as one-bucket variants (the dequant set: with the default's
-    prefill bucket after 512 rows, and the scaled_ref variant); returns their names."""
+def candidates(which: str) -> dict[str, SwapBuckets]:
+    """The set's candidates as variants (name -> swap buckets): one bucket each, or for the dequant set
+    the candidate's decode tiles up to 512 rows then the default's prefill bucket, and `scaled_ref`."""
     if which == "dequant":
-        prefill = cuda_moe.VARIANTS["swap_ds"][-1]
-        for name, t in DEQUANT.items():
-            cuda_moe.VARIANTS[name] = ((512, t, t), prefill)
+        prefill = SWAP_BUCKETS[-1]
+        table: dict[str, SwapBuckets] = {name: ((512, t, t), prefill) for name, t in DEQUANT.items()}
         scaled_prefill = T(128, 64, 64, 8, 4, True)  # p_ds_128x64_k64_s4 (bench/results, prefill tiles)
-        decode = cuda_moe.VARIANTS["swap_ds"][0]
-        cuda_moe.VARIANTS["scaled_ref"] = (decode, (cuda_moe._BIG, scaled_prefill, scaled_prefill))
-        return list(DEQUANT)
-    if which == "decode":
-        cases = {name: (t, t) for name, t in DECODE.items()}
-    else:
-        cases = PREFILL
-    for name, (gated, down) in cases.items():
-        cuda_moe.VARIANTS[name] = ((cuda_moe._BIG, gated, down),)
-    return list(cases)
+        table["scaled_ref"] = (SWAP_BUCKETS[0], (_BIG, scaled_prefill, scaled_prefill))
+        return table
+    cases = {name: (t, t) for name, t in DECODE.items()} if which == "decode" else PREFILL
+    return {name: ((_BIG, gated, down),) for name, (gated, down) in cases.items()}
 
 
-def same_bits(names: list[str], rows_list: tuple[int, ...], reference: str = "swap") -> None:
+def same_bits(table: dict[str, SwapBuckets], rows_list: tuple[int, ...], reference: str = "swap") -> None:
     ws = moe_sweep.random_experts(torch.Generator(device="cuda").manual_seed(0))
     for rows in rows_list:
         x, ids, weights = moe_sweep.step_inputs(rows, torch.Generator(device="cuda").manual_seed(rows))
-        ref = moe_sweep.run_variant(reference, (x, ids, weights, *ws))
-        for name in names:
-            got = moe_sweep.run_variant(name, (x, ids, weights, *ws))
+        ref = moe_sweep.run_variant(moe_sweep.CANDIDATES[reference], (x, ids, weights, *ws))
+        for name, swap in table.items():
+            got = moe_sweep.run_variant(swap, (x, ids, weights, *ws))
             print(f"{name} rows {rows}: same bits as {reference}: {torch.equal(ref, got)}", flush=True)
 
 
@@ -92,16 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--set", choices=("decode", "prefill", "dequant"), default="decode")
     args = parser.parse_args(argv)
-    names = register(args.set)
+    table = candidates(args.set)
     if args.set == "dequant":
         rows = ["1", "8", "64", "256", "4096"]
-        variants = ["swap_ds", "swap", *names]
-        sweep = ["--out", str(args.out), "--rows", *rows, "--variants", *variants]
-        return moe_sweep.main([*sweep, "--same-bits-as", "scaled_ref"])
-    same_bits(names, (1, 64, 600, 4096))
+        names = ["swap_ds", "swap", *DEQUANT]
+        sweep = ["--out", str(args.out), "--rows", *rows, "--variants", *names]
+        return moe_sweep.main([*sweep, "--same-bits-as", "scaled_ref"], extra=table)
+    same_bits(table, (1, 64, 600, 4096))
     rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]
-    variants = ["swap", "swap_ds", *names]
-    return moe_sweep.main(["--out", str(args.out), "--rows", *rows, "--variants", *variants])
+    names = ["swap", "swap_ds", *table]
+    return moe_sweep.main(["--out", str(args.out), "--rows", *rows, "--variants", *names], extra=table)
 
 
 if __name__ == "__main__":

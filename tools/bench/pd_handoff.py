@@ -44,7 +44,7 @@ def _engines(model: Path, args: argparse.Namespace, store: Any) -> tuple[Any, An
     from dsgraph.runtime.engine import Engine, EngineConfig
 
     def make(kind: str) -> Any:
-        config = EngineConfig(
+        config = EngineConfig.from_flat(
             platform=args.platform,
             max_model_len=max(args.lengths) + args.decode_tokens + 16,
             max_num_seqs=1,

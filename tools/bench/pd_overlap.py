@@ -25,7 +25,7 @@ from dsgraph.tools.bench.pd_handoff import _bench_model_dir, add_model_arguments
 def _engine(model: Path, args: argparse.Namespace, overlap: str) -> Any:
     from dsgraph.runtime.engine import Engine, EngineConfig
 
-    config = EngineConfig(
+    config = EngineConfig.from_flat(
         platform=args.platform,
         max_model_len=max(args.lengths) + 16,
         max_num_seqs=args.requests,

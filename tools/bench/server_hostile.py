@@ -42,7 +42,7 @@ def tiny_server(max_num_seqs: int = 16, **limits: int) -> Iterator[tuple[str, An
     from dsgraph.tools.generate_cmd import default_model_dir
 
     root = default_model_dir()
-    engine = Engine(root, EngineConfig(max_model_len=128, max_num_seqs=max_num_seqs))
+    engine = Engine(root, EngineConfig.from_flat(max_model_len=128, max_num_seqs=max_num_seqs))
     app = create_app(engine, MODEL, recipe_tokenizer(root), limits=ServerLimits(**limits))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

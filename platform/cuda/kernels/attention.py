@@ -3,18 +3,16 @@
 Same signature, dtype and shape as platform/cpu/rules_attention.py `attention`. Two launch paths with
 one arithmetic (see attention_tl.py): up to `decode_max_rows` rows the keys of a row are split over
 programs (rows x head blocks x 2 column halves x splits, then a merge kernel), beyond it one program per
-(row, head block, half) runs every split itself. Tile and split sizes come from the tiling
-(`VARIANTS[tiling]`, the platform's `KernelConfig.attention_tiling`; f32 queries take smaller tiles:
-their operands need twice the shared memory), so a row's result never depends on the batch.
-tools/bench/attn_sweep.py times every tiling against FlashMLA on the GPU; ptxas register and spill
-counts per tiling: hopper_compile.py.
+(row, head block, half) runs every split itself. Tile and split sizes are fixed (`TILES`; f32 queries
+take smaller tiles: their operands need twice the shared memory), so a row's result never depends on the
+batch. tools/bench/attn_sweep.py times other tilings against FlashMLA on the GPU (through `launch`'s
+`tiling`); ptxas register and spill counts: tests/cuda/hopper_compile.py.
 
-Tiling "current" (H200, 64 heads x 512, window 128 + top-k 512): a program decodes each key tile once
-for its 32 heads and keeps one f32 accumulator [32, 256] (its half of the columns). With 32 heads the
-dots are mma.sync with the query operand held by every warp (ptxas: 255 registers and spill stores);
-64 heads make them wgmma, reading the query from shared memory. Beyond 32 rows, rows x 4 programs fill
-the 132 SMs without splitting, and splitting would only add the per-split state traffic (64 heads x 512
-x 4 B per split and row).
+The tiles, for V4.1's 64 heads x 512, window 128 + top-k 512: a program decodes each key tile once for
+its 32 heads and keeps one f32 accumulator [32, 256] (its half of the columns); the dots are mma.sync
+with the query operand held by every warp. Beyond 32 rows, rows x 4 programs fill a Hopper GPU's 132
+SMs without splitting, and splitting would only add the per-split state traffic (64 heads x 512 x 4 B
+per split and row).
 
 Operand checks: unless checks are off (`step_rows.unchecked()`) or a CUDA graph is being captured, the
 rule raises the cpu rule's errors for bad seq_ids, ring slots, non-contiguous chunk rows and selected
@@ -34,47 +32,27 @@ from torch import Tensor
 from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
-from dsgraph.platform.cuda.kernel_config import ATTENTION_TILING
 
 
 @dataclass(frozen=True)
 class Tiles:
-    """One tiling of the kernels. Every field is fixed per process (never chosen from the batch), so a
+    """The tiles of the kernels. Every field is fixed per process (never chosen from the batch), so a
     row's bits do not depend on the batch; `decode_max_rows` only picks the launch path, and both paths
-    give the same bits for a given tiling. Different tilings may differ in the last bits (sum order)."""
+    give the same bits for given tiles. Other tiles may differ in the last bits (sum order)."""
 
     block_h: int = 32  # heads per program: each decoded key tile serves all of them (tl.dot needs M >= 16)
     block_n: int = 32  # keys per tile (f32 queries: at most F32_BLOCK_N, with 16 heads per program)
     split_tiles: int = 4  # tiles per split (SWA splits first, then pool splits)
     num_warps: int = 8
     num_stages: int | None = None  # Triton's software pipelining depth (None: its default)
-    gather_scales: bool = False  # scale bytes read per half-column (L1) instead of widened in registers
-    pair_loads: bool = False  # SWA keys: one contiguous load of (even, odd) pairs, split in registers
-    entry_rows: bool = False  # a first kernel maps top-k entries to pool rows (no table lookups per tile)
     decode_max_rows: int = 32  # up to this many rows: split programs + merge; beyond: one per row
 
 
-# The tilings attn_sweep measures against FlashMLA (H200 sweep at f991bcd, graph replay, b1 / b128:
-# "current" 0.061 / 0.696 ms, "h16w4" 0.044 / 0.598 ms with the same bits, FlashMLA 0.016 / 0.042 ms).
-# 64 heads per program (Hopper wgmma, each key tile decoded once for all heads) hit an illegal memory
-# access on the H200 in every form tried (block_n 16 and 32, split 4 and 8, with and without entry rows
-# or pair loads), so those tilings are out until that is understood.
-VARIANTS: dict[str, Tiles] = {
-    "current": Tiles(),
-    "rows": Tiles(entry_rows=True),
-    "split2": Tiles(split_tiles=2, entry_rows=True),
-    "gather": Tiles(gather_scales=True, pair_loads=True, entry_rows=True),
-    "h16w4": Tiles(block_h=16, num_warps=4, entry_rows=True),
-}
+# 64 heads per program (wgmma, each key tile decoded once for all heads) faulted with an illegal memory
+# access on the GPU in every form tried, so a program takes at most 32 heads.
+TILES = Tiles()
 F32_BLOCK_N = 16  # keys per tile for f32 queries (with 16 heads per program)
-ROWS_BLOCK = 128  # top-k slots per program of entry_rows_kernel (elementwise: any value, same bits)
 MERGE_H = 16  # heads per merge program (the merge is elementwise per head: any value gives the same bits)
-
-
-def tiles(tiling: str = ATTENTION_TILING) -> Tiles:
-    if tiling not in VARIANTS:
-        raise ValueError(f"attention: tiling {tiling!r}, expected one of {sorted(VARIANTS)}")
-    return VARIANTS[tiling]
 
 
 def _next_pow2(n: int) -> int:
@@ -138,17 +116,15 @@ def _check_operands(p: Any, ring: Tensor, operands: tuple[Tensor, ...]) -> None:
 
 
 def attention(
-    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor,
-    tiling: str = ATTENTION_TILING,
-) -> Tensor:  # fmt: skip
-    """`tiling`: a name of VARIANTS (the cuda platform binds its KernelConfig's)."""
+    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor, tiling: Tiles = TILES
+) -> Tensor:
+    """`tiling`: TILES unless given (tests)."""
     # The kernel reads FP8-g32 rings and NVFP4-g16 pools; other cache formats run the cpu rule on device.
     if not runs_kernels(q) or (p.ring_fmt, p.pool_fmt) != ("fp8_g32", "nvfp4_g16"):
         return rules_attention.attention(p, q, kv, ring, sink, *operands)
     if should_check(q):
         _check_operands(p, ring, operands)
-    t = tiles(tiling)
-    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= t.decode_max_rows, tiling=t)
+    return launch(p, q, kv, ring, sink, operands, split=q.shape[0] <= tiling.decode_max_rows, tiling=tiling)
 
 
 def num_splits(window: int, topk_width: int, block_n: int, split_tiles: int) -> int:
@@ -159,10 +135,10 @@ def num_splits(window: int, topk_width: int, block_n: int, split_tiles: int) -> 
 
 def launch(
     p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, operands: tuple[Tensor, ...], split: bool,
-    tiling: Tiles | None = None,
+    tiling: Tiles = TILES,
 ) -> Tensor:  # fmt: skip
     """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked,
-    with `tiling` (default: the default tiling's)."""
+    with `tiling` (TILES unless given: sweeps, tests)."""
     from dsgraph.platform.cuda.kernels import attention_tl as K
 
     rows, heads, width = q.shape
@@ -173,7 +149,6 @@ def launch(
     has_pool = len(operands) == 8
     pool, block_table, topk = operands[5:] if has_pool else (ring, seq_slot.view(1, -1), seq_ids.view(-1, 1))
     topk_width = topk.shape[1] if has_pool else 0
-    tiling = tiling or tiles()
     block_h, block_n = min(tiling.block_h, max(16, _next_pow2(heads))), tiling.block_n
     if q.dtype == torch.float32:  # f32 operands take twice the shared memory: 227 KB must hold the tiles
         block_h, block_n = 16, min(tiling.block_n, F32_BLOCK_N)
@@ -181,19 +156,11 @@ def launch(
     splits = num_splits(p.window, topk_width, block_n, tiling.split_tiles)
     tensors = (q.contiguous(), kv.contiguous(), ring.contiguous(), pool.contiguous())
     sizes = (rows, heads, ring.shape[1], pool.shape[0], pool.shape[1], block_table.shape[1], topk_width)
-    entry_rows = tiling.entry_rows and has_pool and topk_width > 0
-    if entry_rows:  # topk's entries -> pool rows once, for every program of the row
-        pool_rows = torch.empty(rows, topk_width, dtype=torch.int32, device=q.device)
-        K.entry_rows_kernel[(rows, -(-topk_width // ROWS_BLOCK))](
-            seq_ids.contiguous(), block_table.contiguous(), topk.contiguous(), pool_rows, topk_width,
-            pool.shape[1], block_table.shape[1], pool.shape[0], BLOCK=ROWS_BLOCK, num_warps=4,
-        )  # fmt: skip
-        topk = pool_rows
     step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
     meta = dict(
         NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
         BLOCK_N=block_n, SPLIT_TILES=tiling.split_tiles, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
-        GATHER=tiling.gather_scales, PAIRS=tiling.pair_loads, ROWS=entry_rows, num_warps=tiling.num_warps,
+        num_warps=tiling.num_warps,
     )  # fmt: skip
     if tiling.num_stages is not None:
         meta["num_stages"] = tiling.num_stages
@@ -213,12 +180,10 @@ def launch(
 
 
 RULES: dict[str, Any] = {"attention": attention}
-# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): top-k entries
-# to pool rows with the tiling's entry_rows, then split programs and their merge up to decode_max_rows rows,
-# else one fused program per row
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): split
+# programs and their merge up to decode_max_rows rows, else one fused program per row
 KERNELS: dict[str, tuple[str, ...]] = {
     "attention": (
-        "attention_tl.entry_rows_kernel",
         "attention_tl.split_kernel",
         "attention_tl.merge_kernel",
         "attention_tl.fused_kernel",

@@ -4,8 +4,8 @@ ring, then the selected NVFP4-g16 entries of the paged pool, softmax with the si
 Canonical order (the source of batch invariance): a row's keys are its `window` SWA slots (oldest first)
 cut into SWA_TILES tiles of BLOCK_N keys, then its `topk` slots cut the same way. The SWA tiles form the
 first splits and the pool tiles the next, SPLIT_TILES tiles a split (the last SWA split and the last
-pool split may hold fewer). The counts are fixed by the rule module's tile variant and the op's params,
-never chosen from the batch. Each split runs an online softmax over its tiles from a
+pool split may hold fewer). The counts are fixed by the rule module's tiles and the op's params, never
+chosen from the batch. Each split runs an online softmax over its tiles from a
 fresh state (m: running max in log2 units, lsum: sum of exp2, acc: exp2-weighted keys); the splits are
 merged in ascending order and the sink joins last. The decode path writes every split's state to memory
 (grid rows x head blocks x 2 halves x splits) and `merge_kernel` merges them; the prefill path
@@ -120,38 +120,27 @@ def finish(m, lsum, acc, sink_log2):
 
 
 @triton.jit
-def group_scales(at, rows, c, cmask, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr,
-                 SPAN: tl.constexpr, GATHER: tl.constexpr):  # fmt: skip
+def group_scales(at, rows, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr,
+                 SPAN: tl.constexpr):  # fmt: skip
     """Scale bytes at[n, g] (g < GROUPS) spread over half-columns c = g*SPAN .. (g+1)*SPAN - 1 -> [BLOCK_N,
-    BLOCK_C] bytes (0 past the last group or where not `rows`). GATHER: one load per half-column (the
-    SPAN columns of a group read the same byte, served by one L1 sector); else one load per group,
-    widened in registers (a 3-d broadcast and reshape: layout conversions)."""
-    if GATHER:
-        return tl.load(at + c[None, :] // SPAN, mask=rows[:, None] & cmask[None, :], other=0)
-    else:
-        G: tl.constexpr = BLOCK_C // SPAN
-        g = tl.arange(0, G)
-        byte = tl.load(at + g[None, :], mask=rows[:, None] & (g < GROUPS)[None, :], other=0)
-        return tl.reshape(tl.broadcast_to(byte[:, :, None], (BLOCK_N, G, SPAN)), (BLOCK_N, BLOCK_C))
+    BLOCK_C] bytes (0 past the last group or where not `rows`): one load per group, widened in registers
+    (a 3-d broadcast and reshape)."""
+    G: tl.constexpr = BLOCK_C // SPAN
+    g = tl.arange(0, G)
+    byte = tl.load(at + g[None, :], mask=rows[:, None] & (g < GROUPS)[None, :], other=0)
+    return tl.reshape(tl.broadcast_to(byte[:, :, None], (BLOCK_N, G, SPAN)), (BLOCK_N, BLOCK_C))
 
 
 @triton.jit
-def load_pairs(at, mask, PAIRS: tl.constexpr):
-    """(*at, *(at + 1)) where `mask`, else 0. PAIRS: one contiguous [.., 2] load split in registers (the
-    loads vectorize); else two loads of stride 2."""
-    if PAIRS:
-        two = tl.arange(0, 2)
-        both = tl.load(at[:, :, None] + two[None, None, :], mask=mask[:, :, None], other=0)
-        return tl.split(both)
-    else:
-        return tl.load(at, mask=mask, other=0), tl.load(at + 1, mask=mask, other=0)
+def load_pairs(at, mask):
+    """(*at, *(at + 1)) where `mask`, else 0: the even and the odd half-column, two loads of stride 2."""
+    return tl.load(at, mask=mask, other=0), tl.load(at + 1, mask=mask, other=0)
 
 
 @triton.jit
 def swa_tile(
     kv_ptr, ring_ptr, tile, t, p, start, first, slot, real, c, cmask, num_rows, ring_len,
     WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
-    GATHER: tl.constexpr, PAIRS: tl.constexpr,
 ):  # fmt: skip
     """SWA keys j = tile*BLOCK_N .. of row t (position p - window + 1 + j): this chunk's kv row t - (p - pos)
     when pos >= seq_start, else ring[slot, pos % R]: (even half, odd half [BLOCK_N, BLOCK_C] f32, valid);
@@ -163,16 +152,14 @@ def swa_tile(
     # Clamped so that a step the eager checks would refuse still reads inside the buffers.
     chunk_row = tl.minimum(tl.maximum(t - (WINDOW - 1) + j, 0), num_rows - 1).to(tl.int64)
     mask = (valid & in_chunk)[:, None] & cmask[None, :]
-    even, odd = load_pairs(kv_ptr + chunk_row[:, None] * HEAD_DIM + 2 * c[None, :], mask, PAIRS)
+    even, odd = load_pairs(kv_ptr + chunk_row[:, None] * HEAD_DIM + 2 * c[None, :], mask)
     even, odd = even.to(tl.float32), odd.to(tl.float32)
     ring_row = slot.to(tl.int64) * ring_len + tl.maximum(pos, 0) % ring_len
     from_ring = valid & (pos < start)
     mask = from_ring[:, None] & cmask[None, :]
     entry = ring_ptr + (ring_row * (HEAD_DIM + HEAD_DIM // 32))[:, None]
-    scale = e8m0_to_f32(
-        group_scales(entry + HEAD_DIM, from_ring, c, cmask, BLOCK_N, BLOCK_C, HEAD_DIM // 32, 16, GATHER)
-    )
-    ring_even, ring_odd = load_pairs(entry + 2 * c[None, :], mask, PAIRS)
+    scale = e8m0_to_f32(group_scales(entry + HEAD_DIM, from_ring, BLOCK_N, BLOCK_C, HEAD_DIM // 32, 16))
+    ring_even, ring_odd = load_pairs(entry + 2 * c[None, :], mask)
     ring_even, ring_odd = e4m3_to_f32(ring_even) * scale, e4m3_to_f32(ring_odd) * scale
     pick = in_chunk[:, None]
     return tl.where(pick, even, ring_even), tl.where(pick, odd, ring_odd), valid
@@ -190,44 +177,22 @@ def entry_rows(table_ptr, topk_ptr, t, s, j, real, topk_width, block_size, table
 
 
 @triton.jit
-def entry_rows_kernel(
-    seq_ptr, table_ptr, topk_ptr, rows_ptr, topk_width, block_size, table_width, num_blocks,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    """Grid (rows, top-k blocks): rows[t, j] = the pool row of entry topk[t, j], or -1 where it is no key.
-    Run once per step so that the attention programs (head blocks x halves x splits) do not each
-    redo the division and the block-table gather."""
-    t = tl.program_id(0)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    seq = tl.load(seq_ptr + t)
-    valid, row = entry_rows(table_ptr, topk_ptr, t, tl.maximum(seq, 0), j, seq >= 0, topk_width, block_size,
-                            table_width, num_blocks)  # fmt: skip
-    tl.store(rows_ptr + t.to(tl.int64) * topk_width + j, tl.where(valid, row, -1), mask=j < topk_width)
-
-
-@triton.jit
 def pool_tile(
     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size, table_width,
-    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GATHER: tl.constexpr,
-    ROWS: tl.constexpr,
+    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Selected entries g = topk[t, j] (j = tile*BLOCK_N ..) decoded from pool[table[s, g // bs], g % bs]:
     (even half, odd half [BLOCK_N, BLOCK_C] f32, valid [BLOCK_N]); absent (-1) or unplaceable entries
-    are not keys (and read as zero). ROWS: topk already holds the pool rows (entry_rows_kernel)."""
+    are not keys (and read as zero)."""
     j = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    if ROWS:
-        row = tl.load(topk_ptr + t.to(tl.int64) * topk_width + j, mask=real & (j < topk_width), other=-1)
-        valid = row >= 0
-        row = tl.maximum(row, 0).to(tl.int64)
-    else:
-        valid, row = entry_rows(
-            table_ptr, topk_ptr, t, s, j, real, topk_width, block_size, table_width, num_blocks
-        )
-        row = tl.where(valid, row, 0).to(tl.int64)
+    valid, row = entry_rows(
+        table_ptr, topk_ptr, t, s, j, real, topk_width, block_size, table_width, num_blocks
+    )
+    row = tl.where(valid, row, 0).to(tl.int64)
     entry = pool_ptr + (row * (HEAD_DIM // 2 + HEAD_DIM // 16))[:, None]
     mask = valid[:, None] & cmask[None, :]
     packed = tl.load(entry + c[None, :], mask=mask, other=0).to(tl.int32)
-    scale = group_scales(entry + HEAD_DIM // 2, valid, c, cmask, BLOCK_N, BLOCK_C, HEAD_DIM // 16, 8, GATHER)
+    scale = group_scales(entry + HEAD_DIM // 2, valid, BLOCK_N, BLOCK_C, HEAD_DIM // 16, 8)
     scale = e4m3_to_f32(scale) * 16384.0
     return e2m1_scaled(packed & 15, scale), e2m1_scaled(packed >> 4, scale), valid
 
@@ -254,7 +219,6 @@ def split_state(
     num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr, DOT: tl.constexpr,
-    GATHER: tl.constexpr, PAIRS: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax state (m, lsum, acc of the `parity` half) of row t's heads over one split, fresh:
     splits 0 .. SWA_SPLITS - 1 hold the SWA tiles split*SPLIT_TILES .., then split SWA_SPLITS + i the
@@ -277,7 +241,7 @@ def split_state(
             if tile < SWA_TILES:  # uniform: the last SWA split may hold fewer tiles
                 k_e, k_o, valid = swa_tile(
                     kv_ptr, ring_ptr, tile, t, p, start, first, slot, real, c, cmask, num_rows, ring_len,
-                    WINDOW, HEAD_DIM, BLOCK_N, BLOCK_C, GATHER, PAIRS,
+                    WINDOW, HEAD_DIM, BLOCK_N, BLOCK_C,
                 )  # fmt: skip
                 m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
     elif HAS_POOL:
@@ -286,7 +250,7 @@ def split_state(
             if tile * BLOCK_N < topk_width:  # uniform: the last split may hold fewer tiles
                 k_e, k_o, valid = pool_tile(
                     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size,
-                    table_width, num_blocks, HEAD_DIM, BLOCK_N, BLOCK_C, GATHER, ROWS,
+                    table_width, num_blocks, HEAD_DIM, BLOCK_N, BLOCK_C,
                 )  # fmt: skip
                 m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
     return m, lsum, acc
@@ -300,7 +264,7 @@ def split_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr, GATHER: tl.constexpr, PAIRS: tl.constexpr, ROWS: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """Decode path, grid (rows, head blocks x 2 halves, splits): a split's m, lsum [T, splits, H] (from the
     even program; the odd one computes the same bits) and acc [.., D] (even half, then odd half)."""
@@ -313,7 +277,7 @@ def split_kernel(
         q_e, q_o, c, cmask, parity, split, t,
         kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
         num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
-        WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT, GATHER, PAIRS, ROWS,
+        WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
     )  # fmt: skip
     state = (t.to(tl.int64) * NUM_SPLITS + split) * num_heads + h
     tl.store(m_ptr + state, m, mask=hmask & (parity == 0))
@@ -371,7 +335,7 @@ def fused_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr, GATHER: tl.constexpr, PAIRS: tl.constexpr, ROWS: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """Prefill path, grid (rows, head blocks x 2 halves): every split of the row in one program, merged
     as it goes."""
@@ -387,7 +351,7 @@ def fused_kernel(
             q_e, q_o, c, cmask, parity, split, t,
             kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr,
             topk_ptr, num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
-            WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT, GATHER, PAIRS, ROWS,
+            WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
         )  # fmt: skip
         m, a, b = merge_weights(m, m_s)
         lsum = lsum * a + l_s * b

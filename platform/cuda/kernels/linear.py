@@ -56,10 +56,10 @@ class Tiles(NamedTuple):
     wide: bool = False
 
 
-# FP8 weights: (largest M, tiles), M increasing; the last entry serves every larger M. Picked from the
-# H200 sweeps of tools/bench/linear_sweep.py (bench/results/linear-sweep-H200-*.json) by the time of
-# one layer's linears: decode streams the weights once, so the swapped tiles keep the activation tile
-# small (16 rows) and many programs per SM; from 257 rows the weights are dequantized once per call.
+# FP8 weights: (largest M, tiles), M increasing; the last entry serves every larger M. Chosen by the
+# time of one layer's linears in tools/bench/linear_sweep.py (results under bench/results/): decode
+# streams the weights once, so the swapped tiles keep the activation tile small (16 rows) and many
+# programs per SM; from 257 rows the weights are dequantized once per call.
 TILE_TABLE: tuple[tuple[int, Tiles], ...] = (
     (16, Tiles(16, 64, 256, 4, 3, True, True)),
     (256, Tiles(64, 128, 32, 8, 4, True)),

@@ -10,12 +10,14 @@ and bf16 dots accumulate more precisely than Hopper's FP8 ones. An activation th
 quantized (wo_b's f32 input, f16) is split exactly into three bf16 pieces (hi + mid + lo, 8 significant
 bits each), dotted one after the other for every 32-column chunk.
 
-One GEMM (`gemm_kernel`) in two layouts, one arithmetic:
+FP8-g32 activations are quantized-dequantized once per call (moe_swap_tl's `qdq_rows_kernel`) in both
+layouts: in the GEMM every program would repeat the same rows' codec, which cost more than the weight's
+dequantization at decode. One GEMM (`gemm_kernel`) in two layouts, one arithmetic:
 - SWAPPED (decode batches): the tile is out^T = W x^T, so the weight rows fill the tensor core's 64-row
   side and a batch of a few rows needs a 16-row activation tile; the weight is dequantized in registers
-  32 columns at a time and FP8-g32 activations are quantized in the kernel;
-- plain (prefill): x quantized-dequantized once (moe_swap_tl's `qdq_rows_kernel`) and W dequantized by
-  `dequant_weight_kernel` once per call, then one dot per BLOCK_K step.
+  32 columns at a time;
+- plain (prefill): W dequantized by `dequant_weight_kernel` once per call, then one dot per BLOCK_K
+  step.
 Both issue, for every output element, the same tensor-core steps in increasing K order (split pieces:
 hi, mid, lo per 32 columns), whatever the tiles, so a row's bits do not depend on the batch or on which
 kernel served it (tests/cuda/test_linear_bf16.py checks this on the GPU). K splits, chosen from the
@@ -33,15 +35,11 @@ import triton.language as tl
 from torch import Tensor
 
 from dsgraph.platform.cuda.kernels.quant_tl import (
-    e4m3_grid,
     e8m0_to_f32,
-    fp8_g32_quantize,
-    pow2_scale,
     round_f32_to,
 )
 
 X_BF16 = 0  # activations already bf16 operands (qdq'ed by qdq_rows, or bf16 with act_quant none)
-X_QUANT = 1  # FP8-g32 quantized and dequantized in the kernel (swapped_kernel)
 X_SPLIT = 2  # f32/f16 activations split into three exact bf16 pieces
 DEQUANT_BLOCK = 64  # weight rows and columns per program of dequant_weight_kernel
 
@@ -88,9 +86,6 @@ def _dot_x(w, x, acc, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.c
             acc = _dot(mid, tl.trans(w), acc, EMU_F32)
             acc = _dot(lo, tl.trans(w), acc, EMU_F32)
     else:
-        if X_MODE == 1:
-            q, scale = fp8_g32_quantize(x.to(tl.float32))
-            x = (q.to(tl.float32) * scale[:, None]).to(tl.bfloat16)
         if SWAPPED:
             acc = _dot(w, tl.trans(x), acc, EMU_F32)
         else:
@@ -118,11 +113,10 @@ def _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SI
 
 @triton.jit
 def _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZE: tl.constexpr,
-               X_MODE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr) -> tuple:  # fmt: skip
-    """A whole step at once (WIDE): x [BM, BLOCK_K] as bf16 operands (FP8-g32 qdq'ed here when X_MODE
-    is 1) and W [BN, BLOCK_K] dequantized here, each scale block of 32 columns by its own scale. One
-    load per operand and step keeps BLOCK_K bytes of each weight row in flight (16-byte vectors)."""
+               EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr) -> tuple:  # fmt: skip
+    """A whole step at once (WIDE): x [BM, BLOCK_K] as bf16 operands and W [BN, BLOCK_K] dequantized
+    here, each scale block of 32 columns by its own scale. One load per operand and step keeps BLOCK_K
+    bytes of each weight row in flight (16-byte vectors)."""
     GROUPS: tl.constexpr = BLOCK_K // 32
     x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZE, BLOCK_K, False,
                        EVEN_K)  # fmt: skip
@@ -131,12 +125,6 @@ def _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, c0, s_stride, K_SIZ
     s = tl.load(s_ptr + (w_rows // 32)[:, None] * s_stride + blocks[None, :], mask=s_mask, other=127)
     w3 = tl.reshape(w.to(tl.float32), (BLOCK_N, GROUPS, 32)) * e8m0_to_f32(s)[:, :, None]
     w = tl.reshape(w3, (BLOCK_N, BLOCK_K)).to(tl.bfloat16)
-    if X_MODE == 1:
-        x3 = tl.reshape(x.to(tl.float32), (x.shape[0], GROUPS, 32))
-        amax = tl.max(tl.abs(x3), axis=2)
-        scale, inverse = pow2_scale(amax, 1e-4, 0.002232142857142857)  # fp8_g32_quantize's codec
-        q = e4m3_grid(x3 * inverse[:, :, None]).to(tl.float8e4nv)
-        x = tl.reshape(q.to(tl.float32) * scale[:, :, None], (x.shape[0], BLOCK_K))
     return x.to(tl.bfloat16), w
 
 
@@ -185,7 +173,7 @@ def gemm_kernel(
     for k_step in range(0, K_SPLIT, BLOCK_K):
         if WIDE:
             x, w = _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step, s_stride, K_SIZE,
-                              X_MODE, EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
+                              EVEN_K, BLOCK_N, BLOCK_K)  # fmt: skip
             acc = _dot_step(w, x, acc, EMU_F32, BLOCK_K)
         elif CHUNKED:
             for kk in tl.static_range(BLOCK_K // 32):
@@ -224,10 +212,8 @@ def dequant_weight(w: Tensor, scale: Tensor) -> Tensor:
     return out
 
 
-def x_mode(x: Tensor, quantize: bool) -> int:
-    """The activation path for x: FP8-g32 quantized, bf16 as is, or split into bf16 pieces."""
-    if quantize:
-        return X_QUANT
+def x_mode(x: Tensor) -> int:
+    """The activation path for x: bf16 as is, or split into bf16 pieces."""
     return X_BF16 if x.dtype == torch.bfloat16 else X_SPLIT
 
 
@@ -245,11 +231,12 @@ def launch(
     block_m, block_n, block_k, num_warps, num_stages, swapped, wide = tiles[:7]
     if splits > 1 and k_size % (block_k * splits):
         raise ValueError(f"linear: K = {k_size} is not a multiple of BLOCK_K ({block_k}) x {splits} splits")
-    mode = x_mode(x, quantize)
+    if quantize:
+        # once per call, not in the GEMM: every program would repeat the same rows' codec
+        x = qdq_rows(x)
+    mode = x_mode(x)
     if not swapped:
         w = dequant_weight(w, scale)
-        if mode == X_QUANT:
-            x, mode = qdq_rows(x), X_BF16
     target = split_target(out, splits)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     gemm_kernel[grid](

@@ -10,13 +10,12 @@
   kernel adds a row's expert outputs in increasing expert id, in FP32, the cpu rule's order, and rounds
   once to out_dtype. No host synchronisation except the id range check, which is skipped while a CUDA
   graph is being captured or checks are off (the kernels then treat an id >= E as padding).
-  Variants (VARIANTS; the one run is the platform's `KernelConfig.moe_variant`): "base" is the above;
-  the "swap*" ones run the swap-AB kernels of moe_swap_tl.py (weight rows on the dot's M side, BF16
-  dots of exact products over BLOCK_K columns) for MXFP4 weights with an FP8-g32 or BF16 activation
-  (other cases: base), with tiles chosen by the step's row bucket (BLOCK_T 16 at decode); an extra
+  MXFP4 weights with an FP8-g32 or BF16 activation (the serving cases) run the swap-AB kernels of
+  moe_swap_tl.py instead (weight rows on the dot's M side, BF16 dots of exact products over BLOCK_K
+  columns), with tiles chosen by the step's row bucket (SWAP_BUCKETS; BLOCK_T 16 at decode); an extra
   launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
-  one's. A tile set may hand the packed weights to tl.dot_scaled (SwapTiles.scaled: Triton's upcast,
-  the same BF16 values and dots).
+  one's. The decode tiles hand the packed weights to tl.dot_scaled (SwapTiles.scaled: Triton's upcast,
+  the same BF16 values and dots); the prefill tiles dequantize in the kernel.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -36,15 +35,15 @@ from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
-from dsgraph.platform.cuda.kernel_config import MOE_VARIANT
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
 
 __all__ = [
     "DOWN_TILES",
     "GATED_TILES",
     "RULES",
+    "SWAP_BUCKETS",
+    "SwapBuckets",
     "SwapTiles",
-    "VARIANTS",
     "moe_experts",
     "moe_route",
     "swiglu",
@@ -69,49 +68,29 @@ class SwapTiles:
     scaled: bool = False  # tl.dot_scaled upcasts the packed weights (moe_swap_tl.py); else _dequantize
 
 
-# A swap variant: (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one
-# taking every larger step. Row buckets may change BLOCK_T, BLOCK_W, warps, stages and `scaled` (the
-# same bits on the H200): BLOCK_K (the dots' K order) is the variant's, so a row's result never depends
-# on the bucket (batch invariance; test_moe's bucket-switch test checks each variant on the GPU).
+# (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one taking every
+# larger step. Buckets may differ in BLOCK_T, BLOCK_W, warps, stages and `scaled` (the same bits: the
+# bucket-switch test of tests/cuda/test_moe.py checks it) but must share BLOCK_K (the dots' K order), so
+# a row's result never depends on the bucket (batch invariance).
 SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
 _BIG = 1 << 62
-_D64, _D128 = SwapTiles(64, 16, 64, 4, 4), SwapTiles(64, 16, 128, 4, 4)  # decode: 16 rows per tile
-_W128 = SwapTiles(128, 16, 128, 8, 4)
-# decode with tl.dot_scaled doing the upcast: two warps per 64 weight rows
-# (bench/results/moe-sweep-H200-ds-decode-tiles-2.json)
-_DS = SwapTiles(64, 16, 64, 2, 4, scaled=True)
-_PREFILL = (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3))
-VARIANTS: dict[str, SwapBuckets | None] = {
-    "base": None,  # expert_gemm_kernel with GATED_TILES / DOWN_TILES (FP8 dots, 32-column promotion)
-    # registers per thread (ptxas sm_90a, no spills; hopper_compile.py): decode 130 / 64, prefill 254 / 148
-    "swap": ((512, _D64, _D64), _PREFILL),
-    "swap_k128": (
-        (512, _D128, _D128),
-        (_BIG, SwapTiles(128, 64, 128, 8, 3), SwapTiles(128, 64, 128, 8, 3)),
-    ),
-    "swap_w128": (
-        (512, _W128, _W128),
-        (_BIG, SwapTiles(128, 64, 128, 8, 3), SwapTiles(128, 64, 128, 8, 3)),
-    ),
-    # one tile set for every step (no bucket switch)
-    "swap_flat": ((_BIG, _D64, _D64),),
-    # decode through dot_scaled, prefill as "swap" (its unscaled tiles are faster at 4096 rows: 22.5 vs
-    # 26.5 ms). Scaled and unscaled dots give the same bits (H200, 1..4096 rows at V4.1's widths; the
-    # bucket-switch test checks it), so mixing them keeps rows batch invariant.
-    "swap_ds": ((512, _DS, _DS), _PREFILL),
-}
+# Decode streams each touched expert's weights once: 16 sorted rows per tile, two warps per 64 weight
+# rows, tl.dot_scaled doing the upcast. Prefill is compute bound: larger tiles, where the kernel's own
+# dequantization beats dot_scaled's.
+SWAP_BUCKETS: SwapBuckets = (
+    (512, SwapTiles(64, 16, 64, 2, 4, scaled=True), SwapTiles(64, 16, 64, 2, 4, scaled=True)),
+    (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3)),
+)
 
 
-def _check_variants() -> None:
-    for name, buckets in VARIANTS.items():
-        ks = {t.block_k for _, *tiles in buckets or () for t in tiles}
-        if len(ks) > 1:
-            raise ValueError(
-                f"moe VARIANTS[{name!r}]: BLOCK_K {sorted(ks)} differ between buckets, expected one"
-            )
+def check_buckets(buckets: SwapBuckets) -> None:
+    """ValueError unless every tile set of `buckets` has the same BLOCK_K (see SWAP_BUCKETS)."""
+    ks = {t.block_k for _, *tiles in buckets for t in tiles}
+    if len(ks) > 1:
+        raise ValueError(f"moe swap buckets: BLOCK_K {sorted(ks)} differ between buckets, expected one")
 
 
-_check_variants()
+check_buckets(SWAP_BUCKETS)
 
 
 def _on_device(x: Tensor) -> bool:
@@ -189,11 +168,10 @@ def _expert_config(p: Any, a: Tensor, w: Tensor, tiles: tuple[int, int, int, int
 
 
 def moe_experts(
-    p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor, variant: str = MOE_VARIANT
+    p: Any, x: Tensor, ids: Tensor, weights: Tensor, *ws: Tensor, swap: SwapBuckets | None = SWAP_BUCKETS
 ) -> Tensor:
-    """`variant`: a name of VARIANTS (the cuda platform binds its KernelConfig's)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"moe_experts: variant {variant!r}, expected one of {sorted(VARIANTS)}")
+    """`swap`: the swap-AB kernels' tiles per row bucket (SWAP_BUCKETS unless given: sweeps, tests); None
+    runs the base kernels in every case (the reference the sweeps check the swap kernels against)."""
     if not _on_device(x) or (p.weight_format == "dense" and p.act_quant != "none"):
         return rules_moe.moe_experts(p, x, ids, weights, *ws)
     from dsgraph.platform.cuda.kernels import moe_tl
@@ -208,9 +186,8 @@ def moe_experts(
     w1, w3, w2 = (w.contiguous() for w in ws[:3])
     s1, s3, s2 = (s.contiguous().view(torch.uint8) for s in ws[3:]) if fp4 else (None, None, None)
     ids = ids.to(torch.int32).contiguous()
-    buckets = VARIANTS[variant]
-    if buckets is not None and _swap_covers(p, x):
-        return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), buckets)
+    if swap is not None and _swap_covers(p, x):
+        return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), swap)
     plan = _plan(ids, weights.contiguous(), num_experts, GATED_TILES[0])
     tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
     config = _expert_config(p, x, w1, GATED_TILES)

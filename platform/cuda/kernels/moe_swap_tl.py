@@ -17,7 +17,7 @@ dot is wrong, the same values are dotted in FP32 (WIDE): the same exact products
 Decode is bound by the instructions that turn packed codes into BF16 operands, so _dequantize reads the
 weights as int32 words (eight codes each) and places each code's bits straight into an FP32 (a mask, a
 multiply, a mask; no compare or select), then scales it with two exact power-of-two multiplies.
-SCALED (a variant's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
+SCALED (the tile set's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
 their scales to `tl.dot_scaled` instead: Triton upcasts E2M1 x UE8M0 to BF16 itself (the same exact
 values through its own packed conversion) and runs the same BF16 dot with FP32 accumulation.
 """
