@@ -53,7 +53,7 @@ class Model(Protocol):
     cfg: Any  # `.text` holds vocab_size, sliding_window, num_hidden_layers, max_position_embeddings, ...
     plans: tuple[Any, ...]  # per layer; `.ratio` > 0 for layers with compressed caches
     geo: CacheGeometry
-    dspark: bool
+    dspark: bool  # built to draft (the step also writes what the drafter reads)
     expert_parallel: bool
     truncation: str  # prefill truncation mode: "off", "mask" or "compact" (runtime/prefill_truncation.py)
 
@@ -72,8 +72,14 @@ class Model(Protocol):
 
 
 class Drafter(Protocol):
-    """What `runtime/spec_draft.py` reads of a model built with `dspark=True`: which checkpoint weights
-    the draft graph and the target step's context part read, the draft graph, and its step inputs."""
+    """What `runtime/spec_draft.py` reads of a model built with `dspark=True` (to draft: V4.1 with its
+    DSpark stages, V4 with its MTP layer): which checkpoint weights the draft graph and the target step's
+    context part read, the draft graph (outputs `draft_tokens` [seqs, K], `draft_logprobs` [seqs, K, V],
+    `confidence` [seqs, K]; its `caches.*` inputs are caches of the model that the target step writes),
+    its step inputs, and K, the tokens one pass drafts."""
+
+    @property
+    def num_draft_tokens(self) -> int: ...
 
     def is_draft_weight(self, name: str) -> bool: ...
 

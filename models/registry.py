@@ -9,12 +9,24 @@ The runtime imports this module and models/interface.py, never a model package.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "ModelFamily", "family_for", "family_of"]
+__all__ = ["FAMILIES", "Drafting", "ModelFamily", "family_for", "family_of"]
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How a family drafts: the `speculative` value that selects its draft layers, why a checkpoint
+    cannot draft (None when it can), and the tokens one draft pass proposes."""
+
+    method: str
+    # (cfg, weights) -> None when the weights hold every draft layer the config declares, else the reason
+    # (naming the config field or the tensors)
+    missing: Callable[[Any, Mapping[str, Any]], str | None]
+    num_tokens: Callable[[Any], int]
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class ModelFamily:
     expected_tensors: Callable[[Any], dict[str, Any]]
     # (cfg, stored tensors, numerics, token_map) -> the step graph's weight inputs
     prepare_weights: Callable[[Any, Any, Any, list[int]], dict[str, Any]]
+    drafting: Drafting
 
 
 def _v41_tokenizer(root: Path, cfg: Any) -> Any:
@@ -120,14 +133,9 @@ def _v4_build(
 
 
 def _v4_weights(root: Path, cfg: Any, _tokenizer: Any, num: Any, check: bool | None) -> dict[str, Any]:
-    from dsgraph.models.deepseek_v4.checkpoint_spec import expected_tensors, is_skipped
-    from dsgraph.models.deepseek_v4.weights import prepare_weights
-    from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
+    from dsgraph.models.deepseek_v4.checkpoint_load import load_weights
 
-    stored = load_checkpoint(
-        root, cfg, progress=True, check_finite=check, expected=expected_tensors(cfg), skipped=is_skipped
-    )
-    return prepare_weights(cfg, stored, num)
+    return load_weights(root, cfg, num, check)
 
 
 def _v4_dummy(cfg: Any, _tokenizer: Any, num: Any, device: str, seed: int) -> dict[str, Any]:
@@ -148,6 +156,32 @@ def _v4_prepare(cfg: Any, stored: Any, num: Any, _token_map: list[int]) -> dict[
     return prepare_weights(cfg, stored, num)
 
 
+def _v41_missing(cfg: Any, weights: Mapping[str, Any]) -> str | None:
+    stages = cfg.text.num_nextn_predict_layers
+    if stages == 0:
+        return "the config's num_nextn_predict_layers is 0 (no DSpark stages)"
+    if all(any(k.startswith(f"mtp.{s}.") for k in weights) for s in range(stages)):
+        return None
+    held = sorted({k.split(".")[1] for k in weights if k.startswith("mtp.")})
+    return (
+        f"the checkpoint's DSpark stages mtp.0..{stages - 1} are missing: the config declares {stages} "
+        f"(num_nextn_predict_layers) and the weights hold {held}"
+    )
+
+
+def _v4_missing(cfg: Any, weights: Mapping[str, Any]) -> str | None:
+    layers = cfg.text.num_nextn_predict_layers
+    if layers != 1:
+        return f"the config's num_nextn_predict_layers is {layers}, expected 1 (one MTP layer)"
+    # the loader reads the layer whole or not at all (models/deepseek_v4/checkpoint_load.py)
+    if "mtp.0.eh_proj.weight" in weights:
+        return None
+    return (
+        "the checkpoint has no MTP layer in this project's layout (mtp.0.eh_proj.weight and the rest of "
+        "models/deepseek_v4/mtp.py's mtp_tensors); the released V4-Flash MTP tensor names are not mapped yet"
+    )
+
+
 FAMILIES: dict[str, ModelFamily] = {
     "deepseek_v41": ModelFamily(
         "deepseek_v41",
@@ -158,6 +192,7 @@ FAMILIES: dict[str, ModelFamily] = {
         _v41_dummy,
         _v41_expected,
         _v41_prepare,
+        Drafting("dspark", _v41_missing, lambda cfg: cfg.text.dspark_block_size),
     ),
     "deepseek_v4": ModelFamily(
         "deepseek_v4",
@@ -168,6 +203,7 @@ FAMILIES: dict[str, ModelFamily] = {
         _v4_dummy,
         _v4_expected,
         _v4_prepare,
+        Drafting("mtp", _v4_missing, lambda _cfg: 1),
     ),
 }
 

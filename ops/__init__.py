@@ -11,6 +11,7 @@ from dsgraph.ops import (  # noqa: F401
     engram,
     mhc,
     moe,
+    mtp,
     nn,
     quant,
     rope,

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dsgraph.models.interface import ROLLBACK_ROOM, TRUNCATION_MODES
+from dsgraph.models.registry import FAMILIES
 
 __all__ = [
     "FLAT",
@@ -38,7 +39,9 @@ ENGINE_TYPES = ("normal", "prompt", "completion")
 OVERLAP = ("auto", "on", "off")
 PREFIX_REPLAY = ("exact", "window")
 LOAD_FORMATS = ("auto", "dummy")
-SPECULATIVE = ("auto", "dspark", "off")
+# each drafting mode names one family's draft layers (models/registry.py `Drafting.method`); which one a
+# checkpoint accepts is checked when it is loaded (runtime/spec_setup.py `SpecSetup.resolve`)
+SPECULATIVE = ("auto", *sorted({f.drafting.method for f in FAMILIES.values()}), "off")
 VERIFY_SCHEDULES = ("confidence", "fixed")
 # verify rows write a..a+nextn and the rings roll back ROLLBACK_ROOM entries
 MAX_DRAFT_LEN = ROLLBACK_ROOM - 1
@@ -153,10 +156,13 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """EngineConfig.speculative: DSpark speculative decoding (runtime/spec_engine.py).
+    """EngineConfig.speculative: speculative decoding with the checkpoint's own draft layers
+    (runtime/spec_engine.py).
 
-    mode "auto": on when the checkpoint has DSpark stages and the platform is cuda (the cpu default stays
-    fast), "dspark": on, "off". verify_schedule "confidence" plans each step's verified drafts from the
+    mode "dspark" (V4.1's DSpark stages) or "mtp" (V4's MTP layer, vLLM's method name): on, and loading
+    fails naming what is missing when the checkpoint has no such layers; a method of another family is an
+    error at load. "auto": on when the checkpoint has them and the platform is cuda (the cpu default stays
+    fast); "off". verify_schedule "confidence" plans each step's verified drafts from the
     confidence head and the throughput curve; "fixed" verifies draft_len (None: all) drafts per request.
     deterministic: every emitted token is the target's own seeded sample, so tokens do not depend on the
     batch or on how many drafts were verified. throughput_curve: (row counts, step ms) given explicitly;
@@ -292,12 +298,12 @@ class EngineConfig:
                 raise ConfigError(f"EngineConfig.{name}", getattr(self, name), f"a {kind.__name__}")
         overlap, mode = self.scheduler.overlap, self.speculative.mode
         if self.engine_type != "normal" and (
-            mode == "dspark" or (self.engine_type, overlap) == ("completion", "on")
+            mode not in ("auto", "off") or (self.engine_type, overlap) == ("completion", "on")
         ):
             raise ConfigError(
                 "EngineConfig.engine_type",
                 self.engine_type,
-                "'normal' with speculative.mode 'dspark' (and with scheduler.overlap 'on' on a completion "
+                "'normal' with a drafting speculative.mode (and with scheduler.overlap 'on' on a completion "
                 f"engine); got scheduler.overlap={overlap!r}, speculative.mode={mode!r}",
             )
 

@@ -1,10 +1,11 @@
-"""The DSpark drafter in the runtime: the draft graph lowered once per bucket of sequences, run over the
-session's context rings (`dspark.ring{s}`, written by the target step of a session built with
-`build_model(..., dspark=True)`), and the pool of draft log-probabilities the verification reads.
+"""The drafter in the runtime: the model's draft graph (`Drafter.trace_draft`: V4.1's DSpark stages, V4's
+MTP layer) lowered once per bucket of sequences, run over the caches it reads (written by the target step
+of a session built with `build(..., dspark=True)`: V4.1's context rings `dspark.ring{s}`, V4's
+`mtp.hidden` and `mtp.swa`), and the pool of draft log-probabilities the verification reads.
 
-A draft pass drafts K = dspark_block_size tokens for each sequence from its anchor (the newest token, not
-yet run through the target) at position a; sequences are padded to the next power of two (at most
-log2(max_num_seqs) + 1 programs), and each lowering counts in the session's `programs_built`.
+A draft pass drafts K = `model.num_draft_tokens` tokens for each sequence from its anchor (the newest
+token, not yet run through the target) at position a; sequences are padded to the next power of two (at
+most log2(max_num_seqs) + 1 programs), and each lowering counts in the session's `programs_built`.
 
 On the cuda platform with the session's `capture` flag, each bucket's program is captured once
 (`platform/cuda/capture.py`: static input buffers, one host-to-device copy per dtype, an eager warm-up
@@ -30,12 +31,7 @@ from dsgraph.platform.registry import BucketRunner, Program, lower, make_runner
 from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.step_padding import bucket_size
 
-__all__ = ["DraftOutput", "DraftRunner", "has_dspark_stages", "target_weights"]
-
-
-def has_dspark_stages(weights: Mapping[str, torch.Tensor], num_stages: int) -> bool:
-    """Whether a checkpoint holds every DSpark stage the config declares (`mtp.{s}.*`)."""
-    return num_stages > 0 and all(any(k.startswith(f"mtp.{s}.") for k in weights) for s in range(num_stages))
+__all__ = ["DraftOutput", "DraftRunner", "target_weights"]
 
 
 def target_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -82,7 +78,11 @@ class DraftRunner:
         else:
             self.graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
         self.programs: dict[int, Program] = {}
-        self.block = self.text.dspark_block_size
+        self.block = model.num_draft_tokens
+        # the caches the draft graph reads (written by the target step): V4.1's context rings, V4's MTP rings
+        self.cache_names = [
+            n.removeprefix("caches.") for n in self.graph.input_names if n.startswith("caches.")
+        ]
         self.capture = bool(getattr(session, "capture", True) if capture is None else capture)
         # the platform's runner of the draft buckets (its captures share one memory pool)
         cuda = getattr(session, "cuda", None)  # the session's EngineConfig.cuda: the same side stream rule
@@ -101,9 +101,8 @@ class DraftRunner:
         return self.programs[seqs]
 
     def _fixed(self) -> dict[str, torch.Tensor]:
-        """Weights and context rings by graph input name (persistent device tensors)."""
-        rings = {f"caches.{k}": v for k, v in self.session.caches.items() if k.startswith("dspark.")}
-        return {**self.weights, **rings}
+        """Weights and the caches the draft reads, by graph input name (persistent device tensors)."""
+        return {**self.weights, **{f"caches.{k}": self.session.caches[k] for k in self.cache_names}}
 
     def run(self, requests: Sequence[DraftRequest], *, capture: bool | None = None) -> DraftOutput:
         """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""

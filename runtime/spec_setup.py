@@ -16,11 +16,11 @@ import torch
 from tqdm import tqdm
 
 from dsgraph.models.interface import DraftRequest
+from dsgraph.models.registry import family_of
 from dsgraph.platform import env
 from dsgraph.runtime.derived_configs import spec_schedule_config
 from dsgraph.runtime.engine_config import MAX_DRAFT_LEN, SpeculativeConfig
 from dsgraph.runtime.scheduler import default_buckets
-from dsgraph.runtime.spec_draft import has_dspark_stages
 from dsgraph.runtime.spec_engine import SpecDecoder
 from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import (
@@ -50,18 +50,22 @@ class SpecSetup:
     def resolve(
         cls, config: SpeculativeConfig, cfg: Any, weights: Mapping[str, torch.Tensor], *, platform: str
     ) -> SpecSetup:
-        """Whether to draft: "dspark" always (its stages must exist), "auto" when the checkpoint has DSpark
-        stages and the platform is cuda, "off" never."""
-        stages = cfg.text.num_nextn_predict_layers
-        has = has_dspark_stages(weights, stages)
-        if config.mode == "dspark" and not has:
+        """Whether to draft: with the family's method ("dspark" for V4.1, "mtp" for V4) always (its draft
+        layers must exist), "auto" when the checkpoint has them and the platform is cuda, "off" never. The
+        mode is one of SPECULATIVE already (SpeculativeConfig); whether it fits this model needs the model."""
+        family = family_of(cfg)
+        drafting, asked = family.drafting, config.mode
+        path = f"EngineConfig.speculative.mode = {asked!r}"
+        if asked not in ("auto", "off", drafting.method):
             raise ValueError(
-                "EngineConfig.speculative.mode = 'dspark' needs the checkpoint's DSpark stages "
-                f"mtp.0..{stages - 1}; the config declares {stages} and the weights hold "
-                f"{sorted({k.split('.')[1] for k in weights if k.startswith('mtp.')})}"
+                f"{path}: not available for {family.model_type} checkpoints, which draft with "
+                f"{drafting.method!r} (allowed: 'auto', {drafting.method!r}, 'off')"
             )
-        enabled = config.mode == "dspark" or (config.mode == "auto" and has and platform == "cuda")
-        return cls(enabled, min(cfg.text.dspark_block_size, MAX_DRAFT_LEN) if enabled else 0, config)
+        missing = drafting.missing(cfg, weights)
+        if asked == drafting.method and missing is not None:
+            raise ValueError(f"{path} needs the checkpoint's draft layers: {missing}")
+        enabled = asked == drafting.method or (asked == "auto" and missing is None and platform == "cuda")
+        return cls(enabled, min(drafting.num_tokens(cfg), MAX_DRAFT_LEN) if enabled else 0, config)
 
     @property
     def draft_len(self) -> int:
@@ -141,9 +145,8 @@ def profile_drafter(
         device_name=device,
         repeats=repeats,
     )
-    for name, t in session.caches.items():
-        if name.startswith("dspark."):
-            t.zero_()
+    for name in decoder.drafter.cache_names:
+        session.caches[name].zero_()
     return dict(zip(cost.sizes, cost.step_ms, strict=True))
 
 

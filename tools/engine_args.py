@@ -41,7 +41,11 @@ _FLAGS: dict[str, tuple[Any, str | None]] = {
         int,
         "prompt tokens the decoder layers keep (default: sliding_window + maximum backtrack)",
     ),
-    "speculative": (ec.SPECULATIVE, "DSpark drafting (auto: on cuda when the checkpoint has DSpark stages)"),
+    "speculative": (
+        ec.SPECULATIVE,
+        "drafting with the checkpoint's own draft layers: dspark (V4.1's DSpark stages), mtp (V4's MTP "
+        "layer); auto: on cuda when the checkpoint has them",
+    ),
     "verify_schedule": (ec.VERIFY_SCHEDULES, None),
     "draft_len": (int, "fixed schedule: drafts verified per request"),
     "overlap": (ec.OVERLAP, "plan step N+1 while step N runs (auto: on with cuda)"),

@@ -17,6 +17,7 @@ __all__ = ["dummy_weights"]
 
 def dummy_weights(cfg: V4Config, num: Numerics, device: str, seed: int = 0) -> dict[str, Tensor]:
     """The step graph's weight inputs for `num`, random, on `device`; like a loaded checkpoint's, without
-    the MTP layer (the runtime does not draft for V4 yet)."""
+    the MTP layer, as V4.1's dummy weights come without DSpark stages: random draft layers would only slow
+    `auto` down, and `speculative="mtp"` says the layer is missing."""
     stored = quantize_weights(cfg, random_weights(cfg, seed))
     return {k: v.to(device) for k, v in prepare_weights(cfg, stored, num).items()}

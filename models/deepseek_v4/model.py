@@ -8,16 +8,19 @@ compressor state). Every cache holds f32 values (`attention_block.CACHE_FMT`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dsgraph.graph import Graph, TensorType, make_graph
+from dsgraph.models.deepseek_v4 import mtp_draft
 from dsgraph.models.deepseek_v4.attention_block import CACHE_FMT, attention
 from dsgraph.models.deepseek_v4.config import V4Config
 from dsgraph.models.deepseek_v4.layers import Attn, LayerPlan, layer_plans
 from dsgraph.models.deepseek_v41.backbone import _hc, embed, head
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
+from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
+from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
 from dsgraph.models.deepseek_v41.ffn_block import moe
 from dsgraph.models.deepseek_v41.numerics import Numerics
 from dsgraph.models.deepseek_v41.step_io import ROLLBACK_ROOM, CacheGeometry, step_types
@@ -34,7 +37,9 @@ class V4Model:
     plans: tuple[LayerPlan, ...]
     num: Numerics
     geo: CacheGeometry
-    dspark: bool = False  # V4 has no DSpark drafter
+    # built to draft with the MTP layer (models/deepseek_v4/mtp_draft.py): the step also writes the MTP
+    # rings and reads the layer's context weights (the field name is the runtime's Model protocol's)
+    dspark: bool = False
     expert_parallel: bool = False
     truncation: str = "off"  # V4 has no prefill truncation (models/registry.py refuses it)
 
@@ -60,7 +65,7 @@ class V4Model:
                 types[f"{pool}.{p.index}"] = TensorType((f"blocks{p.ratio}", g.page_size, entry), "u8")
                 series = 2 * width if p.overlap else width
                 types[f"{state}.{p.index}"] = TensorType(("slots", ring, 2, series), "f32")
-        return types
+        return types | (mtp_draft.mtp_ring_types(self) if self.dspark else {})
 
     def trace_step(
         self,
@@ -73,6 +78,21 @@ class V4Model:
         _no_truncation(truncated)
         return trace_step(self, weights, name=name, debug=debug)
 
+    # the runtime's Drafter protocol (models/interface.py), for a model built with dspark=True
+    num_draft_tokens = 1  # one MTP layer drafts one token per pass
+
+    def is_draft_weight(self, name: str) -> bool:
+        return mtp_draft.is_draft_weight(name)
+
+    def is_context_weight(self, name: str) -> bool:
+        return mtp_draft.is_context_weight(name)
+
+    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = DRAFT_STREAM) -> Graph:
+        return mtp_draft.trace_draft(self, weights, stream=stream)
+
+    def draft_inputs(self, requests: Sequence[DraftRequest], num_seqs: int) -> dict[str, Any]:
+        return mtp_draft.draft_inputs(requests, num_seqs)
+
 
 def _no_truncation(truncated: bool) -> None:
     if truncated:
@@ -80,9 +100,13 @@ def _no_truncation(truncated: bool) -> None:
 
 
 def build_model(cfg: V4Config, num: Numerics, geo: CacheGeometry, *, dspark: bool = False) -> V4Model:
-    if dspark:
-        raise ValueError("build_model: DeepSeek-V4 has no DSpark drafter (its MTP layer is not implemented)")
-    return V4Model(cfg, layer_plans(cfg.text), num, geo)
+    """`dspark`: build to draft with the config's MTP layer (needs num_nextn_predict_layers == 1)."""
+    if dspark and cfg.text.num_nextn_predict_layers != 1:
+        raise ValueError(
+            f"build_model: drafting needs num_nextn_predict_layers 1 (one MTP layer), the config has "
+            f"{cfg.text.num_nextn_predict_layers}"
+        )
+    return V4Model(cfg, layer_plans(cfg.text), num, geo, dspark=dspark)
 
 
 def _hc_head(f: Forward, x: Tracer) -> Tracer:
@@ -111,7 +135,10 @@ def _forward(f: Forward, model: V4Model) -> dict[str, Any]:
     for plan in model.plans:
         entries = model.geo.pages_per_seq(plan.ratio) * model.geo.page_size if plan.ratio else 0
         x = _block(f, plan, x, entries)
-    out: dict[str, Any] = {"logits": head(f, x, _hc_head(f, x))}
+    pre = _hc_head(f, x)
+    out: dict[str, Any] = {"logits": head(f, x, pre)}
+    if model.dspark:
+        mtp_draft.write_context(f, op.hc_collapse(x, pre, out_dtype=f.num.act_dtype))
     out["caches"] = dict(f.new_caches)
     if f.debug is not None:
         out["debug"] = dict(f.debug)

@@ -33,7 +33,16 @@ from dsgraph.models.deepseek_v41.context import Forward
 from dsgraph.ops import op
 from dsgraph.ops.quant import entry_bytes
 
-__all__ = ["MTP_PREFIX", "mtp_cache_types", "mtp_plan", "mtp_step_types", "mtp_tensors", "trace_mtp"]
+__all__ = [
+    "MTP_PREFIX",
+    "aliased",
+    "mtp_cache_types",
+    "mtp_plan",
+    "mtp_step_types",
+    "mtp_streams",
+    "mtp_tensors",
+    "trace_mtp",
+]
 
 MTP_PREFIX = "mtp.0."
 _LEAVES = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "norm.weight")
@@ -95,7 +104,7 @@ def mtp_cache_types(model: Any) -> dict[str, TensorType]:
     }
 
 
-def _aliased(weights: Mapping[str, Any], layer: int) -> dict[str, Any]:
+def aliased(weights: Mapping[str, Any], layer: int) -> dict[str, Any]:
     """`mtp.0.*` under the names the backbone's block and head read; embed and head weights as they are."""
     out = {k: v for k, v in weights.items() if not k.startswith(MTP_PREFIX)}
     for k, v in weights.items():
@@ -105,17 +114,22 @@ def _aliased(weights: Mapping[str, Any], layer: int) -> dict[str, Any]:
     return out
 
 
+def mtp_streams(f: Forward, hidden: Any) -> Any:
+    """The block's input streams [T, n, H]: eh_proj([hnorm(hidden); enorm(embed(token_ids))]) copied into
+    the hc_mult streams. `f` reads the aliased weights (`aliased`)."""
+    t, s = f.text, f.step
+    e = f.norm(f.cast(op.gather_rows(f.w("embed.weight"), s["token_ids"]), f.num.act_dtype), "enorm.weight")
+    g = f.norm(f.cast(hidden, f.num.act_dtype), "hnorm.weight")
+    x = f.linear(op.concat(g, e, axis=1), "eh_proj.weight")
+    return op.broadcast_to(
+        op.reshape(x, shape=("tokens", 1, t.hidden_size)), shape=("tokens", t.hc_mult, t.hidden_size)
+    )
+
+
 def _forward(f: Forward, model: Any) -> dict[str, Any]:
     from dsgraph.models.deepseek_v4.model import _block, _hc_head
 
-    t, s = f.text, f.step
-    e = f.norm(f.cast(op.gather_rows(f.w("embed.weight"), s["token_ids"]), f.num.act_dtype), "enorm.weight")
-    g = f.norm(f.cast(s["hidden"], f.num.act_dtype), "hnorm.weight")
-    x = f.linear(op.concat(g, e, axis=1), "eh_proj.weight")
-    x = op.broadcast_to(
-        op.reshape(x, shape=("tokens", 1, t.hidden_size)), shape=("tokens", t.hc_mult, t.hidden_size)
-    )
-    x = _block(f, mtp_plan(t), x, 0)
+    x = _block(f, mtp_plan(f.text), mtp_streams(f, f.step["hidden"]), 0)
     return {"logits": head(f, x, _hc_head(f, x)), "caches": dict(f.new_caches)}
 
 
@@ -126,7 +140,7 @@ def trace_mtp(model: Any, weights: Mapping[str, TensorType], *, name: str = "v4_
     step_in = mtp_step_types(model)
 
     def run(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
-        f = Forward(model.cfg.text, model.num, _aliased(weights, layer), step, caches)  # type: ignore[arg-type]
+        f = Forward(model.cfg.text, model.num, aliased(weights, layer), step, caches)  # type: ignore[arg-type]
         return _forward(f, model)
 
     return make_graph(run, dict(weights), mtp_cache_types(model), step_in, name=name)

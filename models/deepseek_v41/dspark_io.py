@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from dsgraph.graph.types import TensorType
 from dsgraph.models.deepseek_v41.config import TextConfig
 
-__all__ = ["DraftRequest", "draft_inputs", "draft_types"]
+__all__ = ["DraftRequest", "draft_inputs", "draft_types", "request_columns"]
 
 
 def draft_types(text: TextConfig) -> dict[str, TensorType]:
@@ -75,6 +76,11 @@ def draft_inputs(
         "seq_window_start": [r.window_start for r in rows],
         "top_k": [r.top_k for r in rows],
     }
+    return request_columns(cols, rows)
+
+
+def request_columns(cols: dict[str, list[Any]], rows: Sequence[DraftRequest]) -> dict[str, torch.Tensor]:
+    """The i32 columns `cols` as tensors, plus the float and seed sampling parameters of `rows`."""
     out = {name: torch.tensor(v, dtype=torch.int32) for name, v in cols.items()}
     for name in ("temperature", "top_p", "min_p"):
         out[name] = torch.tensor([getattr(r, name) for r in rows], dtype=torch.float32)

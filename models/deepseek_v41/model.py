@@ -65,6 +65,10 @@ class V41Model:
         return trace_step(self, weights, name=name, debug=debug, truncated=truncated)
 
     # The drafter interface (`models/interface.py` Drafter) the runtime's DSpark runner calls.
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.cfg.text.dspark_block_size
+
     def is_draft_weight(self, name: str) -> bool:
         from dsgraph.models.deepseek_v41.dspark_context import is_draft_weight
 

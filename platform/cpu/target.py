@@ -10,6 +10,7 @@ from dsgraph.platform.cpu.rules_dspark import RULES as DSPARK_RULES
 from dsgraph.platform.cpu.rules_engram import RULES as ENGRAM_RULES
 from dsgraph.platform.cpu.rules_mhc import RULES as MHC_RULES
 from dsgraph.platform.cpu.rules_moe import RULES as MOE_RULES
+from dsgraph.platform.cpu.rules_mtp import RULES as MTP_RULES
 from dsgraph.platform.cpu.rules_quant import RULES as QUANT_RULES
 from dsgraph.platform.cpu.rules_rope import RULES as ROPE_RULES
 from dsgraph.platform.cpu.rules_sampling import RULES as SAMPLING_RULES
@@ -32,5 +33,6 @@ PLATFORM = Platform(
         **DSPARK_RULES,
         **SPEC_RULES,
         **WINDOW_RULES,
+        **MTP_RULES,
     },
 )

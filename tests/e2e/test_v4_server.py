@@ -1,5 +1,6 @@
 """The server on a tiny DeepSeek-V4 checkpoint: the same endpoints as for V4.1, a bad request answered
-with the field named, and the server still serving after it."""
+with the field named, and the server still serving after it; and a server drafting with the MTP layer
+(`speculative="mtp"`) whose prefix-cache hit answers with the tokens of the cold request."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from dsgraph.models.deepseek_v4.tiny import make_tiny
 from dsgraph.runtime.engine import Engine, EngineConfig
+from dsgraph.runtime.engine_config import CacheConfig, SchedulingConfig, SpeculativeConfig
 from dsgraph.runtime.server.app import create_app
 from dsgraph.runtime.server.protocol import recipe_tokenizer
 from tests.e2e.serve_util import serving
@@ -42,3 +44,35 @@ def test_a_bad_request_names_the_field_and_the_server_keeps_serving(url: str) ->
         url + "/v1/completions", json={"model": "v4", "prompt": [5, 6], "max_tokens": 2}, timeout=60
     )
     assert good.status_code == 200
+
+
+PROMPT = [3 + (i * 37) % 250 for i in range(70)]
+
+
+@pytest.fixture(scope="module")
+def drafting(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    overrides = {"num_nextn_predict_layers": 1}
+    root = Path(make_tiny(tmp_path_factory.mktemp("v4-mtp") / "tiny-v4-mtp", seed=0, overrides=overrides))
+    # 4-entry pages: prefix-cache hits come in multiples of 4 x 16 (the tiny HCA ratio) = 64 tokens
+    config = EngineConfig(
+        max_model_len=256,
+        numerics="reference",
+        scheduler=SchedulingConfig(max_num_seqs=2),
+        cache=CacheConfig(page_size=4),
+        speculative=SpeculativeConfig(mode="mtp", verify_schedule="fixed"),
+    )
+    engine = Engine(root, config)
+    with serving(create_app(engine, "v4", recipe_tokenizer(root))) as base:
+        yield base, engine
+
+
+def test_a_prefix_hit_while_drafting_gives_the_cold_tokens(drafting) -> None:  # type: ignore[no-untyped-def]
+    url, engine = drafting
+    body = {"model": "v4", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0}
+    cold = httpx.post(url + "/v1/completions", json=body, timeout=300).json()
+    warm = httpx.post(url + "/v1/completions", json=body, timeout=300).json()
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+    assert warm["choices"][0]["logprobs"]["tokens"] == cold["choices"][0]["logprobs"]["tokens"]
+    assert len(cold["choices"][0]["logprobs"]["tokens"]) == 8
+    assert engine.spec_stats()["verified_tokens"] > 0

@@ -140,7 +140,7 @@ def test_draft_programs_are_lowered_once_per_bucket(model_dir) -> None:  # type:
         (
             dict(speculative="yes"),
             r"^EngineConfig.speculative.mode = 'yes' \(option speculative\): "
-            r"expected one of 'auto', 'dspark', 'off'$",
+            r"expected one of 'auto', 'dspark', 'mtp', 'off'$",
         ),
         (
             dict(verify_schedule="eager"),

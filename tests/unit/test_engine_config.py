@@ -175,6 +175,7 @@ def test_flat_options_add_their_name_where_it_differs_from_the_field() -> None:
     [
         {"engine_type": "prompt", "speculative": "dspark"},
         {"engine_type": "completion", "speculative": "dspark"},
+        {"engine_type": "prompt", "speculative": "mtp"},
         {"engine_type": "completion", "overlap": "on"},
     ],
 )
