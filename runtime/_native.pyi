@@ -452,9 +452,9 @@ class Scheduler:
     @draft_depth_ms.setter
     def draft_depth_ms(self, arg: Sequence[float], /) -> None: ...
 
-    def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = [], use_prefix_cache: bool = True) -> None:
+    def add_request(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = [], use_prefix_cache: bool = True, max_chunk: int = 0) -> None:
         """
-        Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...). use_prefix_cache=False: it neither reads nor fills the prefix cache.
+        Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, ...). use_prefix_cache=False: it neither reads nor fills the prefix cache. max_chunk > 0: no step prefills more than that many of its tokens.
         """
 
     def add_prefilled(self, rid: int, prompt: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], output: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], max_tokens: int, eos_id: int = -1, ignore_eos: bool = False, stop_token_ids: Sequence[int] = []) -> Allocation:

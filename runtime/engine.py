@@ -61,6 +61,7 @@ class _Live:
     error: str | None = None  # why the engine failed this request (finish is then "abort")
     num_draft_tokens: int = 0  # drafts verified for this request
     num_accepted_tokens: int = 0  # of those, accepted
+    max_chunk: int = 0  # most prompt tokens one step prefills (0: the step budget alone)
 
     @property
     def text(self) -> str:
@@ -166,10 +167,19 @@ class Engine:
         return Scheduler(scheduler_config(self.config, self.model, sizes, spec.scheduler_fields()), curve)
 
     def add_request(
-        self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
+        self,
+        rid: int,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_chunk: int = 0,
     ) -> None:
-        """Queue a request; bad prompt or params raise RequestError naming the field and queue nothing."""
+        """Queue a request; bad prompt or params raise RequestError naming the field and queue nothing.
+        `max_chunk` > 0: no step prefills more than that many of its prompt tokens (a router's chunk
+        size, sized to a step time budget)."""
         params.validate(self.cfg.text.vocab_size)
+        if max_chunk < 0:
+            raise RequestError("max_chunk", max_chunk, "0 (no limit) or a positive number of tokens")
         if not prompt_ids:
             raise RequestError("prompt", list(prompt_ids), "a non-empty list of token ids")
         vocab = self.cfg.text.vocab_size
@@ -189,6 +199,7 @@ class Engine:
             IncrementalDetokenizer(
                 self.tokenizer, list(prompt_ids), skip_special_tokens=params.skip_special_tokens
             ),
+            max_chunk=max_chunk,
         )
         if params.structured_outputs is None:
             self._admit(rid, live)
@@ -216,6 +227,7 @@ class Engine:
             stop_token_ids=p.stop_token_ids,
             # prompt logprobs need every position computed: a cached prefix would leave holes
             use_prefix_cache=p.prompt_logprobs is None,
+            max_chunk=live.max_chunk,
         )
         self.live[rid] = live
         self._prefilling.add(rid)

@@ -234,11 +234,13 @@ class Scheduler:
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
         use_prefix_cache: bool = True,
+        max_chunk: int = 0,
     ) -> None:
-        """Queue a request; `use_prefix_cache` False: it neither reads nor fills the prefix cache."""
+        """Queue a request; `use_prefix_cache` False: it neither reads nor fills the prefix cache;
+        `max_chunk` > 0: no step prefills more than that many of its tokens (0: the step budget alone)."""
         tokens = as_tokens(prompt, "prompt")
         self.native.add_request(
-            rid, tokens, max_tokens, eos_id, ignore_eos, list(stop_token_ids), use_prefix_cache
+            rid, tokens, max_tokens, eos_id, ignore_eos, list(stop_token_ids), use_prefix_cache, max_chunk
         )
 
     def add_prefilled(

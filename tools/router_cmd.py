@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -77,5 +78,8 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dsgraph router: {exc}", file=sys.stderr)
         return 2
+    # the router's warnings (an attempt that failed and was retried, a stream ended by an error event)
+    # with their time, beside uvicorn's own lines
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.WARNING)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     return 0

@@ -172,15 +172,16 @@ void bind_requests(nb::class_<Scheduler> &c) {
     c.def(
          "add_request",
          [](Scheduler &s, int64_t rid, const TokensIn &prompt, int32_t max_tokens, int32_t eos_id,
-            bool ignore_eos, std::vector<int32_t> stop_token_ids, bool use_prefix_cache) {
+            bool ignore_eos, std::vector<int32_t> stop_token_ids, bool use_prefix_cache, int32_t max_chunk) {
              s.add_request(rid, span_of(prompt),
                            stop_params(max_tokens, eos_id, ignore_eos, std::move(stop_token_ids)),
-                           use_prefix_cache);
+                           use_prefix_cache, max_chunk);
          },
          "rid"_a, "prompt"_a.noconvert(), "max_tokens"_a, "eos_id"_a = -1, "ignore_eos"_a = false,
-         "stop_token_ids"_a = std::vector<int32_t>(), "use_prefix_cache"_a = true,
+         "stop_token_ids"_a = std::vector<int32_t>(), "use_prefix_cache"_a = true, "max_chunk"_a = 0,
          "Queue a request; ValueError names the bad field (prompt too long, token id < 0, max_tokens < 1, "
-         "...). use_prefix_cache=False: it neither reads nor fills the prefix cache.")
+         "...). use_prefix_cache=False: it neither reads nor fills the prefix cache. max_chunk > 0: no "
+         "step prefills more than that many of its tokens.")
         .def(
             "add_prefilled",
             [](Scheduler &s, int64_t rid, const TokensIn &prompt, const TokensIn &output, int32_t max_tokens,

@@ -35,6 +35,10 @@ struct Request {
     // false: admitted without a prefix-cache lookup and never offering its pages (a request that needs
     // every prompt position computed, e.g. for prompt log-probabilities)
     bool use_prefix_cache = true;
+    // Most prompt tokens one step may prefill for this request (0: only the step's token budget). A
+    // router sizes it so that the step fits its time budget: attention makes a token late in a long
+    // context dearer than an early one.
+    int32_t max_chunk = 0;
 
     int32_t num_computed = 0;  // leading tokens whose cache entries exist
     int32_t replay_end = 0;    // positions below it recompute entries already cached (prefix hit)

@@ -209,7 +209,8 @@ void Scheduler::plan_prefills(std::vector<Chunk> &chunks, int32_t &budget) {
         if (fresh && config_.enable_prefix_cache && r.use_prefix_cache) {
             cache_.count_lookup(r.prompt_len, r.replay_end);
         }
-        const int32_t end = reachable_end(r, std::min(r.num_tokens(), r.num_computed + budget));
+        const int32_t step_cap = r.max_chunk > 0 ? std::min(budget, r.max_chunk) : budget;
+        const int32_t end = reachable_end(r, std::min(r.num_tokens(), r.num_computed + step_cap));
         grow(r, end);
         r.planned_in = static_cast<uint64_t>(step_);
         chunks.push_back({&r, r.num_computed, end, end == r.num_tokens()});

@@ -134,8 +134,9 @@ public:
     // field: rid in use, empty prompt, prompt longer than max_model_len, a token
     // id < 0 (or >= vocab_size), max_tokens < 1, a stop token id < 0.
     // use_prefix_cache false: this request neither reads nor fills the prefix cache.
+    // max_chunk > 0: no step prefills more than that many of its tokens (< 0 throws).
     void add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop,
-                     bool use_prefix_cache = true);
+                     bool use_prefix_cache = true, int32_t max_chunk = 0);
     // A request whose caches hold prompt + output except its newest token,
     // filled elsewhere (NORMAL, COMPLETION). Allocates its slot and pages and
     // returns them for the caller to fill. Throws std::runtime_error when no

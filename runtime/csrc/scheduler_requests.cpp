@@ -86,12 +86,17 @@ Request &Scheduler::create(int64_t rid, std::span<const int32_t> prompt, std::sp
 }
 
 void Scheduler::add_request(int64_t rid, std::span<const int32_t> prompt, const StopParams &stop,
-                            bool use_prefix_cache) {
+                            bool use_prefix_cache, int32_t max_chunk) {
     if (config_.engine_type == EngineType::kCompletion) {
         throw std::invalid_argument("add_request: a COMPLETION engine only decodes; use add_prefilled()");
     }
+    if (max_chunk < 0) {
+        throw std::invalid_argument("add_request: max_chunk " + std::to_string(max_chunk) +
+                                    ", expected >= 0 (0: no limit)");
+    }
     Request &r = create(rid, prompt, {}, stop, "add_request");
     r.use_prefix_cache = use_prefix_cache;
+    r.max_chunk = max_chunk;
     queue_.push_back(&r);
 }
 

@@ -7,6 +7,7 @@ engine closed it without its final event. Nothing is truncated silently."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dsgraph.runtime.server.errors import ApiError
 from dsgraph.runtime.server.limits import ServerLimits, read_body
 
 RETRY_STATUSES = (500, 502, 503, 504)  # the engine's failure, not the request's: another engine may serve it
+log = logging.getLogger("dsgraph.router")
 _PASSED_HEADERS = ("content-type", "authorization", "x-api-key", "anthropic-version", "x-request-id")
 
 
@@ -100,6 +102,7 @@ class Forwarder:
             resp, why = await self._attempt(route, choice, body, headers, summary)
             if resp is not None:
                 return resp
+            log.warning("attempt %d of %s failed: %s", len(tried), route.path, why)
             self.metrics.retries.inc()
         err = ApiError.internal(f"no engine could take the request: {why}", status=503)
         return JSONResponse(route.error_body(err.body), status_code=503)
@@ -190,6 +193,7 @@ class Forwarder:
             await resp.aclose()
             ticket.end()
         if failure:
+            log.warning("%s: %s", ticket.choice.engine.url, failure)
             self.metrics.stream_errors.inc()
             message = f"{ticket.choice.engine.url}: {failure}; the response is incomplete, retry the request"
             yield route.sse_error(ApiError.internal(message, status=502).body)

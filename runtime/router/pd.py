@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from dsgraph.runtime.router.select import Choice
 
 DECODE_URL_HEADER = "x-dsgraph-decode-url"  # the completion engine that decodes this request
-PREFILL_CHUNK_HEADER = "x-dsgraph-prefill-chunk"  # the cost model's first chunk size (tokens)
+# the cost model's first chunk size (tokens), sent only when the prompt does not fit one step's budget:
+# the prompt's length is an estimate (characters / chars_per_token), and a cap at a low estimate would
+# split a prompt that fits into two steps
+PREFILL_CHUNK_HEADER = "x-dsgraph-prefill-chunk"
 
 
 def target(choice: Choice) -> EngineState:
@@ -30,4 +33,6 @@ def headers(choice: Choice) -> dict[str, str]:
     """The headers that tell a prompt engine its completion engine; none for a normal engine."""
     if choice.prefill is None:
         return {}
-    return {DECODE_URL_HEADER: choice.engine.url, PREFILL_CHUNK_HEADER: str(choice.plan.chunks[0])}
+    chunks = choice.plan.chunks
+    chunk = {PREFILL_CHUNK_HEADER: str(chunks[0])} if len(chunks) > 1 else {}
+    return {DECODE_URL_HEADER: choice.engine.url, **chunk}

@@ -132,7 +132,12 @@ class Pool:
         await asyncio.gather(*(self.poll(e) for e in self.engines))
 
     async def run(self) -> None:
-        """Poll every engine each interval until cancelled."""
+        """Poll every engine each interval until cancelled, each engine on its own: polled together, a
+        busy engine slow to answer would hold back every round, and with it the news that another one
+        is gone (requests kept going to a killed engine for seconds)."""
+        await asyncio.gather(*(self._run_one(e) for e in self.engines))
+
+    async def _run_one(self, engine: EngineState) -> None:
         while True:
-            await self.poll_all()
+            await self.poll(engine)
             await asyncio.sleep(self.cfg.poll_interval_s)

@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from dsgraph.runtime.server.errors import ApiError
+from dsgraph.runtime.server.limits import DEFAULT_GRACE_S
 
-DRAIN_GRACE_S = 60.0  # DeepSeek's decode engines get one minute before they hand off what is left
 MAX_GRACE_S = 3600.0
 
 
@@ -34,7 +34,7 @@ def load_report(state: Any) -> dict[str, Any]:
 
 
 async def _grace(request: Request) -> float:
-    """`grace_s` from the query or a JSON body; DRAIN_GRACE_S when neither names it."""
+    """`grace_s` from the query or a JSON body; DEFAULT_GRACE_S when neither names it."""
     raw: Any = request.query_params.get("grace_s")
     body = await request.body()
     if raw is None and body.strip():
@@ -44,7 +44,7 @@ async def _grace(request: Request) -> float:
             raise ApiError(400, f"body: not JSON ({exc})") from exc
         raw = values.get("grace_s") if isinstance(values, dict) else None
     if raw is None:
-        return DRAIN_GRACE_S
+        return DEFAULT_GRACE_S
     try:
         grace = float(raw)
     except (TypeError, ValueError):

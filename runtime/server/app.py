@@ -261,9 +261,9 @@ def _route(app: FastAPI, state: ServerState, api: Api) -> None:
 
     async def handle(request: Request) -> Response:
         track = track_request(request.scope)
+        state.drain.track()
         try:
-            with state.drain.request():
-                resp = await _answer(state, api, request, track)
+            resp = await _answer(state, api, request, track)
         except ApiError as exc:
             resp = JSONResponse(api.error_body(exc.body), status_code=exc.status)
         except Exception as exc:  # a server bug: this request gets the protocol's error, the server goes on

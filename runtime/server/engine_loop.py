@@ -30,6 +30,7 @@ class _Add:
     sink: Callable[[TokenEvent], None]
     done: concurrent.futures.Future[None]
     fault_after: int | None  # test hook: Engine.inject_fault(rid, fault_after)
+    max_chunk: int = 0  # Engine.add_request's: most prompt tokens one step prefills (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,16 @@ class EngineLoop:
         return not self._sinks and self._commands.empty()
 
     async def add(
-        self, prompt_ids: list[int], params: SamplingParams, fault_after: int | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        fault_after: int | None = None,
+        max_chunk: int = 0,
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
         """Queue a request; RequestError (bad params, long prompt) is raised here and nothing is queued;
         EngineDead when the engine thread has stopped."""
         return await self._submit(
-            lambda rid, sink, done: _Add(rid, prompt_ids, params, sink, done, fault_after)
+            lambda rid, sink, done: _Add(rid, prompt_ids, params, sink, done, fault_after, max_chunk)
         )
 
     async def _submit(self, command: Callable[..., Any]) -> tuple[int, asyncio.Queue[TokenEvent]]:
@@ -118,7 +123,7 @@ class EngineLoop:
                 self.engine.release(cmd.rid)
             return
         try:
-            self.engine.add_request(cmd.rid, cmd.prompt_ids, cmd.params)
+            self.engine.add_request(cmd.rid, cmd.prompt_ids, cmd.params, max_chunk=cmd.max_chunk)
         except Exception as exc:  # handed to the awaiting request handler
             cmd.done.set_exception(exc)
             return

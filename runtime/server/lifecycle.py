@@ -5,10 +5,10 @@ take the same path."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import math
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -32,16 +32,14 @@ class Drain:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
-        """Around the handling of one request (its task is what a drain cancels after the grace period)."""
+    def track(self) -> None:
+        """Called by a request's handler: the request is in flight until its task ends, which is after
+        its response was sent (a stream's last event, not its first: the handler has returned by the
+        time a StreamingResponse streams). The task is what a drain cancels after the grace period."""
         task = asyncio.current_task()
-        assert task is not None, "Drain.request runs inside a request handler"
+        assert task is not None, "Drain.track runs inside a request handler"
         self._tasks.add(task)
-        try:
-            yield
-        finally:
-            self._tasks.discard(task)
+        task.add_done_callback(self._tasks.discard)
 
     def begin(self) -> None:
         """From now on new requests get 503 and /health says "draining"."""
@@ -56,23 +54,26 @@ class Drain:
             await self.hand_off(deadline)
         while self._tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        left = list(self._tasks)
+        left = [t for t in self._tasks if not t.done()]
         for task in left:
             task.cancel()
         return len(left)
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server whose shutdown (SIGTERM, SIGINT) drains first: new requests on open connections
-    get 503 while uvicorn waits `timeout_graceful_shutdown` for those in flight, cancels the rest, and
-    the connections still open (idle, or a client still sending its body) are closed."""
+    """uvicorn's server whose shutdown (SIGTERM, SIGINT) drains first, as POST /admin/drain does: new
+    requests get 503 while those in flight have `timeout_graceful_shutdown` seconds to finish (a
+    completion server hands those left to other engines with their KV), the rest are cancelled, and the
+    connections still open (idle, or a client still sending its body) are closed."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.drain.begin()
+        # after POST /admin/drain this finds nothing left in flight and returns at once
+        grace = self.config.timeout_graceful_shutdown
+        await self.drain.drain(math.inf if grace is None else grace)
         await super().shutdown(sockets)
         for connection in list(self.server_state.connections):
             transport: Any = getattr(connection, "transport", None)

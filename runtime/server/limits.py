@@ -18,9 +18,11 @@ import numpy as np
 
 from dsgraph.runtime.server.errors import ApiError
 
-# Seconds a draining server waits for requests in flight (SIGTERM, --shutdown-timeout): Kubernetes'
-# default terminationGracePeriodSeconds. Here rather than in lifecycle.py so the CLI parses without uvicorn.
-DEFAULT_GRACE_S = 30.0
+# Seconds a draining server waits for requests in flight (POST /admin/drain's grace_s, SIGTERM's
+# --shutdown-timeout): DeepSeek's decode engines get one minute before they hand off what is left (a
+# Kubernetes pod needs terminationGracePeriodSeconds above it: its default is 30). Here rather than in
+# lifecycle.py so the CLI parses without uvicorn.
+DEFAULT_GRACE_S = 60.0
 
 MiB = 1 << 20
 TRIM_AFTER_BYTES = MiB  # bodies from this size hand their freed memory back to the system

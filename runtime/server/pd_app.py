@@ -27,6 +27,7 @@ from dsgraph.runtime.server.pd_loop import (
     DECODE_PATH,
     DECODE_PEER,
     MOVED,
+    PREFILL_CHUNK,
     CompletionLoop,
     PromptLoop,
     event_json,
@@ -117,31 +118,35 @@ async def hand_off_on_drain(loop: CompletionLoop, deadline: float, timeout_s: fl
         await asyncio.sleep(0.05)
 
 
-class DecodePeerHeader:
+class RouterHeaders:
     """ASGI middleware of a prompt server: the completion server a router chose (its
-    `x-dsgraph-decode-url` header) becomes DECODE_PEER for the request's handler, which PromptLoop.add
-    reads (and refuses when it is not one of --pd-peer). A plain ASGI wrapper: the handler runs in
-    this task, so the context variable reaches it."""
+    `x-dsgraph-decode-url` header) becomes DECODE_PEER for the request's handler, and its prefill chunk
+    size (`x-dsgraph-prefill-chunk`) PREFILL_CHUNK; PromptLoop.add reads both (and refuses a peer not in
+    --pd-peer, a chunk that is not a positive number). A plain ASGI wrapper: the handler runs in this
+    task, so the context variables reach it."""
 
-    HEADER = b"x-dsgraph-decode-url"
+    HEADERS = ((b"x-dsgraph-decode-url", DECODE_PEER), (b"x-dsgraph-prefill-chunk", PREFILL_CHUNK))
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        named = None
-        if scope["type"] == "http":
-            named = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.HEADER), None)
-        token = DECODE_PEER.set(named)
+        given = dict(scope["headers"]) if scope["type"] == "http" else {}
+        tokens = [(var, var.set(_text(given.get(name)))) for name, var in self.HEADERS]
         try:
             await self.app(scope, receive, send)
         finally:
-            DECODE_PEER.reset(token)
+            for var, token in reversed(tokens):
+                var.reset(token)
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
 
 
 def add_pd_prompt(app: FastAPI) -> None:
     """A prompt server takes the completion server a router names per request (router/pd.py)."""
-    app.add_middleware(DecodePeerHeader)
+    app.add_middleware(RouterHeaders)
 
 
 def install_pd(app: FastAPI, engine_type: str, transport: Transport, store: Any, timeout_s: float) -> None:

@@ -29,8 +29,12 @@ from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.server.engine_loop import EngineDead, EngineLoop, _Abort
 
 DECODE_PATH = "/v1/pd/decode"
-# the completion server a router chose for the request being handled (pd_app.DecodePeerHeader sets it)
+# the completion server a router chose for the request being handled (pd_app.RouterHeaders sets it)
 DECODE_PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("dsgraph_decode_peer", default=None)
+# the router's prefill chunk size for that request (its x-dsgraph-prefill-chunk header, text as sent)
+PREFILL_CHUNK: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "dsgraph_prefill_chunk", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,19 @@ def params_json(params: SamplingParams) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
+def prefill_chunk(header: str | None) -> int:
+    """A router's chunk size (tokens per prefill step for this request); 0 without the header."""
+    if header is None:
+        return 0
+    try:
+        chunk = int(header)
+    except ValueError:
+        chunk = 0
+    if chunk < 1:
+        raise RequestError("x-dsgraph-prefill-chunk", header, "a positive number of tokens")
+    return chunk
+
+
 class PDError(RuntimeError):
     """The completion side refused or lost a request; the message says which stage."""
 
@@ -204,7 +221,10 @@ class PromptLoop(EngineLoop):
         # no read deadline on the token stream: a busy completion engine is slow, not failed (its
         # admission has its own deadline, and a dead server closes the connection)
         timeout = httpx.Timeout(timeout_s, read=None, pool=None)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        # idle connections are dropped before the completion server closes them (uvicorn: after 5 s
+        # idle, httpx's default expiry too): a handoff sent on one the server is closing fails with a
+        # ReadError before it is admitted, and the request goes back to the router as an error status
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=2.0)
         self._client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits)
         self._relays: dict[int, asyncio.Task[None]] = {}
         self._tag = f"{os.getpid()}-{time.time_ns()}"
@@ -217,7 +237,8 @@ class PromptLoop(EngineLoop):
         if params.structured_outputs is not None:
             raise RequestError("structured_outputs", "set", "absent with prefill/decode disaggregation")
         peer = self.peer_for(DECODE_PEER.get())
-        rid, inner = await super().add(prompt_ids, params, fault_after)
+        chunk = prefill_chunk(PREFILL_CHUNK.get())
+        rid, inner = await super().add(prompt_ids, params, fault_after, chunk)
         out: asyncio.Queue[TokenEvent] = asyncio.Queue()
         task = asyncio.ensure_future(self._relay(inner, out, params, peer))
         self._relays[rid] = task

@@ -60,21 +60,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _log(log_dir: Path | None, name: str) -> Any:
+    """Where a process's output goes: a new file in `log_dir` (kept by pytest's tmp_path, so a failure
+    can be read afterwards), or nowhere."""
+    if log_dir is None:
+        return subprocess.DEVNULL
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return (log_dir / f"{name}-{time.strftime('%H%M%S')}-{time.monotonic_ns() % 10**6}.log").open("wb")
+
+
 class EngineProcess:
     """A README engine command (`dsgraph serve`) on a fixed loopback port; start() again after it exited
-    or was killed."""
+    or was killed. With `log_dir`, each start's output goes to a file there."""
 
-    def __init__(self, argv: list[str], port: int) -> None:
-        self.argv, self.port = argv, port
+    def __init__(self, argv: list[str], port: int, log_dir: Path | None = None) -> None:
+        self.argv, self.port, self.log_dir = argv, port, log_dir
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "dsgraph.tools.cli", *self.argv]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = _log(self.log_dir, f"engine-{self.port}")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
 
-    def wait_healthy(self, timeout: float = 120) -> None:
+    def wait_healthy(self, timeout: float = 300) -> None:
+        """Until its /health answers 200. Several engines starting at once on a loaded 2-core machine
+        can take minutes, so the wait is long; an engine that exits fails it at once."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             assert self.proc is not None and self.proc.poll() is None, f"engine {self.url} exited"
@@ -104,13 +116,14 @@ class RouterProcess:
     """The README's router command (its own process: the client's streams do not share its GIL), with
     a short poll interval so the tests need not wait for the default one."""
 
-    def __init__(self, argv: list[str], port: int, *flags: str) -> None:
+    def __init__(self, argv: list[str], port: int, *flags: str, log_dir: Path | None = None) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "dsgraph.tools.cli", *argv, "--poll-interval", "0.1", *flags]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = _log(log_dir, f"router-{port}")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
             assert self.proc.poll() is None, "the router exited"

@@ -14,22 +14,24 @@ import uvicorn
 
 
 @contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """Yield the base URL of `app` served on 127.0.0.1; stop the server and its engine loop after."""
+def serving(app: Any, srv: uvicorn.Server | None = None) -> Iterator[str]:
+    """Yield the base URL of `app` served on 127.0.0.1 (by `srv` if given); stop the server and its
+    engine loop after."""
     try:
-        with running(app) as url:
+        with running(app, srv=srv) as url:
             yield url
     finally:
         app.state.server.close()
 
 
 @contextmanager
-def running(app: Any, sock: socket.socket | None = None) -> Iterator[str]:
-    """Yield the base URL of any ASGI `app` served on 127.0.0.1 (on `sock`, bound, if given) in a thread."""
+def running(app: Any, sock: socket.socket | None = None, srv: uvicorn.Server | None = None) -> Iterator[str]:
+    """Yield the base URL of any ASGI `app` served on 127.0.0.1 (on `sock`, bound, if given) in a thread,
+    by `srv` if given (a server of `app`)."""
     if sock is None:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    srv = srv or uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 20

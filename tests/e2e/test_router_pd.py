@@ -60,18 +60,19 @@ class Cluster:
         return self.prompts + self.completions
 
 
-def _doc_cluster(store: Path) -> tuple[list[EngineProcess], list[str], int]:
-    """docs/router.md's five commands on free ports, their store in `store`."""
+def _doc_cluster(store: Path, logs: Path) -> tuple[list[EngineProcess], list[str], int]:
+    """docs/router.md's five commands on free ports, their store in `store`, their output in `logs`."""
     ports = {old: free_port() for old in DOC_PORTS}
     cmds = [on_ports(c, ports) for c in shell_block(DOC, "dsgraph router --port 8100 --prefill", 5)]
     cmds = [[str(store) if a == "/tmp/kv" else a for a in c] for c in cmds]
-    engines = [EngineProcess(c, int(c[c.index("--port") + 1])) for c in cmds[:4]]
+    engines = [EngineProcess(c, int(c[c.index("--port") + 1]), logs) for c in cmds[:4]]
     return engines, cmds[4], ports["8100"]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    engines, router_argv, router_port = _doc_cluster(tmp_path_factory.mktemp("kv"))
+    logs = tmp_path_factory.mktemp("logs")
+    engines, router_argv, router_port = _doc_cluster(tmp_path_factory.mktemp("kv"), logs)
     by_port = {e.port: e for e in engines}
     try:
         for e in engines:
@@ -80,7 +81,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             list(pool.map(lambda e: e.wait_healthy(), engines))
         # a tiny model's sequence holds about 20 KV tokens: 64 weigh one sequence, so KV counts in the
         # placement (the default 4096 suits a real model's contexts)
-        r = RouterProcess(router_argv, router_port, "--kv-per-seq", "64")
+        r = RouterProcess(router_argv, router_port, "--kv-per-seq", "64", log_dir=logs)
         try:
             r.wait_ready()
             prompts = [by_port[int(u.rsplit(":", 1)[1])] for u in _urls(router_argv, "--prefill")]

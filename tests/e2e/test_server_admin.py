@@ -1,6 +1,6 @@
 """The engine's side of the router: GET /load reports the load and POST /admin/drain drains (503 for new
-requests, the requests in flight finish, then the exit hook runs); a bad grace_s is a 400 naming it, and
-/admin needs the --api-key."""
+requests, the requests in flight finish, streams to their last event, then the exit hook runs; 60 s of
+grace by default); a bad grace_s is a 400 naming it, and /admin needs the --api-key."""
 
 from __future__ import annotations
 
@@ -74,6 +74,43 @@ def test_load_then_drain_finishes_in_flight_requests_and_runs_the_exit_hook() ->
             time.sleep(0.02)
         assert httpx.get(f"{url}/health").status_code == 503
         assert httpx.get(f"{url}/load").json()["draining"] is True
+
+
+def test_a_drain_waits_for_each_stream_to_its_last_event() -> None:
+    # a streaming handler returns its response at the first token; the stream is in flight until its
+    # last event, so the exit hook runs only once every stream has ended (each with [DONE])
+    app = _app()
+    running_at_exit: list[int] = []
+    app.state.on_drained = lambda: running_at_exit.append(app.state.server.loop.num_running)
+    body = {**_body(24), "stream": True, "ignore_eos": True, "temperature": 0}
+    with serving(app) as url:
+
+        async def scenario() -> tuple[list[list[str]], httpx.Response]:
+            async with httpx.AsyncClient(timeout=300) as client:
+                started = [asyncio.Event() for _ in range(3)]
+
+                async def one(i: int) -> list[str]:
+                    lines = []
+                    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            lines += [line] if line else []
+                            started[i].set()
+                    return lines
+
+                streams = [asyncio.ensure_future(one(i)) for i in range(3)]
+                await asyncio.gather(*(e.wait() for e in started))
+                drain = await client.post(f"{url}/admin/drain")  # no grace_s: the default
+                return list(await asyncio.gather(*streams)), drain
+
+        streams, drain = asyncio.run(scenario())
+        assert drain.status_code == 202 and drain.json()["grace_s"] == 60.0  # the issue's one minute
+        assert drain.json()["in_flight"] == 3  # the three streams, past their first token
+        assert all(lines[-1] == "data: [DONE]" for lines in streams), streams
+        deadline = time.time() + 10
+        while not running_at_exit:
+            assert time.time() < deadline, "the exit hook did not run"
+            time.sleep(0.02)
+        assert running_at_exit == [0]
 
 
 def test_admin_needs_the_api_key() -> None:

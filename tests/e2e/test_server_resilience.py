@@ -270,8 +270,8 @@ def test_drain_waits_for_requests_within_the_grace_period_then_cancels_the_rest(
         drain = Drain()
 
         async def request(seconds: float) -> None:
-            with drain.request():
-                await asyncio.sleep(seconds)
+            drain.track()  # in flight until this task ends
+            await asyncio.sleep(seconds)
 
         fast, slow = asyncio.create_task(request(0.05)), asyncio.create_task(request(30))
         await asyncio.sleep(0)

@@ -2,7 +2,8 @@
 loopback (one process, threads): the client's completions equal one NORMAL server's (greedy, JSON and
 SSE); a request the prompt engine fails, a streamed completion whose handoff fails before its first
 token and a prompt engine that is gone give the client an error status, never an empty 200; a prompt
-server refuses a decode URL outside its --pd-peer list."""
+server refuses a decode URL outside its --pd-peer list; the router's prefill chunk size reaches the
+prompt engine's scheduler."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from dsgraph.runtime.router.app import create_router_app
 from dsgraph.runtime.router.config import RouterConfig
+from dsgraph.runtime.router.cost import QuadraticCost
 from dsgraph.runtime.server.app import create_app
 from dsgraph.runtime.server.hooks import FAULT_FIELD
 from dsgraph.runtime.server.protocol import recipe_tokenizer
@@ -89,6 +91,36 @@ def test_router_pair_gives_a_normal_engines_tokens(pair: Pair, normal_url: str) 
 def test_the_prompt_server_refuses_a_decode_url_not_in_its_peers(pair: Pair) -> None:
     r = _complete(pair.p_url, headers={"x-dsgraph-decode-url": "http://127.0.0.1:9"})
     assert r.status_code == 400 and "x-dsgraph-decode-url" in r.text
+
+
+def test_the_routers_chunk_size_reaches_the_prompt_engine(
+    pair: Pair, normal_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a cost model of 1 ms per token and a 10 ms step budget: the 40-token prompt in chunks of 10
+    cfg = RouterConfig(
+        prefill=(pair.p_url,),
+        decode=(pair.c_url,),
+        poll_interval_s=0.1,
+        prefill_budget_s=0.01,
+        min_chunk_tokens=1,
+    )
+    scheduler = pair.p_app.state.server.loop.engine.scheduler
+    asked: list[int] = []
+    add = scheduler.add_request
+
+    def spy(*args: Any, **kw: Any) -> None:
+        asked.append(kw["max_chunk"])
+        add(*args, **kw)
+
+    monkeypatch.setattr(scheduler, "add_request", spy)
+    with running(create_router_app(cfg, QuadraticCost(0.0, 1e-3, 0.0))) as url:
+        _wait(lambda: httpx.get(f"{url}/health", timeout=2).status_code == 200)
+        r = _complete(url)
+    assert r.status_code == 200, r.text
+    assert asked == [10]  # the prompt engine prefilled it 10 tokens a step
+    assert r.json()["choices"][0]["text"] == _complete(normal_url).json()["choices"][0]["text"]
+    bad = _complete(pair.p_url, headers={"x-dsgraph-prefill-chunk": "0"})
+    assert bad.status_code == 400 and "x-dsgraph-prefill-chunk" in bad.text, bad.text
 
 
 def test_a_streamed_completion_whose_handoff_fails_gets_an_error_status(pair: Pair) -> None:

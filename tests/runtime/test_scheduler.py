@@ -176,6 +176,19 @@ def test_chunked_prefill_samples_only_the_last_chunk() -> None:
     assert plans[1].block_table(2).tolist() == [list(range(4)) + [-1] * 4]
 
 
+def test_max_chunk_caps_one_requests_prefill_steps_and_leaves_the_rest_of_the_budget() -> None:
+    s = make()
+    s.add_request(0, prompt(20), max_tokens=2, max_chunk=6)  # a router's chunk size
+    s.add_request(1, prompt(12, first=30), max_tokens=3)
+    plans = [step(s)[0] for _ in range(4)]
+    spans = [[(int(a), int(b)) for a, b in zip(p.seq_start, p.seq_end, strict=True)] for p in plans]
+    # request 0 takes 6 tokens a step; request 1 fills the 16-token budget's rest, then decodes (decode
+    # rows come first in a step)
+    assert spans == [[(0, 6), (0, 10)], [(6, 12), (10, 12)], [(12, 13), (12, 18)], [(13, 14), (18, 20)]]
+    with pytest.raises(ValueError, match=r"max_chunk -1, expected >= 0"):
+        s.add_request(2, prompt(4), max_tokens=2, max_chunk=-1)
+
+
 def test_bucket_is_smallest_fitting_and_padding_is_inert() -> None:
     s = make(buckets=(2, 4, 8, 16))
     s.add_request(0, [5, 6, 7], max_tokens=2)

@@ -1,21 +1,26 @@
 """The router's policies without engines: the quadratic cost fit, chunk sizes for a time budget,
 context buckets, decode placement balancing batch against KV length, prefix affinity, request
-summaries and the check that a stream ended properly."""
+summaries, the check that a stream ended properly, the headers sent to a prompt engine, and the pool
+noticing a dead engine while another is slow to answer its poll."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
+import httpx2 as httpx
 import numpy as np
 import pytest
 
+from dsgraph.runtime.router import pd
 from dsgraph.runtime.router import policy as P
 from dsgraph.runtime.router.config import RouterConfig
 from dsgraph.runtime.router.cost import OnlineCost, QuadraticCost, fit_quadratic
 from dsgraph.runtime.router.forward import route_open
-from dsgraph.runtime.router.pool import Pool
+from dsgraph.runtime.router.pool import EngineState, Pool
 from dsgraph.runtime.router.routes import ROUTES, summarize
-from dsgraph.runtime.router.select import Selector
+from dsgraph.runtime.router.select import Choice, Selector
 
 
 def test_fit_recovers_a_quadratic_from_noisy_step_times() -> None:
@@ -197,3 +202,43 @@ def test_router_command_refuses_a_bad_option_in_one_line(argv: list[str], field:
 
     assert main(argv) == 2
     assert field in capsys.readouterr().err
+
+
+def test_pd_headers_name_the_completion_engine_and_a_chunk_only_when_the_prompt_needs_several() -> None:
+    prompt, completion = EngineState("http://p:1", "prefill"), EngineState("http://c:2", "decode")
+    several = Choice(completion, prompt, P.PrefillPlan(0, 0, (10, 9, 9), 0.1))
+    assert pd.target(several) is prompt
+    assert pd.headers(several) == {pd.DECODE_URL_HEADER: "http://c:2", pd.PREFILL_CHUNK_HEADER: "10"}
+    one = Choice(completion, prompt, P.PrefillPlan(0, 0, (40,), 0.1))
+    assert pd.headers(one) == {pd.DECODE_URL_HEADER: "http://c:2"}  # the estimate fits one step
+    normal = Choice(completion, None, P.PrefillPlan(0, 0, (10, 9), 0.1))
+    assert pd.target(normal) is completion and pd.headers(normal) == {}
+
+
+def test_a_dead_engine_leaves_the_pool_while_another_is_slow_to_answer() -> None:
+    load = {"running": 0, "waiting": 0, "kv_tokens": 0, "draining": False, "healthy": True}
+    gone = asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if gone.is_set() and request.url.host == "dead":
+            raise httpx.ConnectError("refused", request=request)
+        if gone.is_set():  # a busy engine: its /load answers after 2 s
+            await asyncio.sleep(2)
+        return httpx.Response(200, json=load)
+
+    async def run() -> tuple[bool, bool]:
+        cfg = RouterConfig(normal=("http://slow:1", "http://dead:2"), poll_interval_s=0.05, poll_timeout_s=5)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            pool = Pool(cfg, client)
+            await pool.poll_all()
+            slow, dead = pool.engines
+            assert slow.healthy and dead.healthy
+            gone.set()
+            poller = asyncio.create_task(pool.run())
+            await asyncio.sleep(0.5)  # 2 failed polls of the dead engine fit, not one answer of the slow
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            return slow.healthy, dead.healthy
+
+    assert asyncio.run(run()) == (True, False)
