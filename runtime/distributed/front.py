@@ -133,7 +133,12 @@ class GroupEngine:
             self.usage[rank] = msg[3]
 
     def add_request(
-        self, rid: int, prompt_ids: Sequence[int], params: SamplingParams, seed: int | None = None
+        self,
+        rid: int,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_chunk: int = 0,
     ) -> None:
         load = {r: 0 for r in self.ranks}
         for r in self.owner.values():
@@ -144,7 +149,7 @@ class GroupEngine:
         if self.dead is not None:
             raise EngineDead(f"the expert-parallel group ended: {self.dead}")
         try:
-            self._to(rank, ("add", rid, list(prompt_ids), params, seed))
+            self._to(rank, ("add", rid, list(prompt_ids), params, seed, max_chunk))
             while rid not in self._acks:
                 self._pump(POLL_S)
         except RankError as exc:

@@ -32,7 +32,7 @@ def _apply(engine: Any, cmd: tuple, rank: int, outbox: Any) -> None:
     kind, rid = cmd[0], cmd[1]
     if kind == "add":
         try:
-            engine.add_request(rid, cmd[2], cmd[3], seed=cmd[4])
+            engine.add_request(rid, cmd[2], cmd[3], seed=cmd[4], max_chunk=cmd[5])
             outbox.put(("ack", rank, rid, None))
         except Exception as exc:  # the front re-raises it in the caller
             why = (exc.field, exc.value, exc.expected) if hasattr(exc, "field") else (str(exc),)

@@ -236,7 +236,7 @@ def measure(model_dir: Path, options: dict[str, Any], plan: EnginePlan) -> dict[
     return {
         "plan": asdict(plan),
         "options": options,
-        "engine_config": asdict(engine.config),  # every field, the defaults included
+        "engine_config": engine.config.flat(),  # every option by its flat name, the defaults included
         "drafting": engine.spec is not None,
         "overlap_on": engine.overlap is not None,
         "init_s": init_s,
