@@ -14,7 +14,7 @@ from dsgraph.tools import cli
 
 # a 2-token prompt: prefill and decode of both batches run in the buckets 1, 2 and 4 only (each bucket
 # lowered costs seconds on cpu)
-PLAN = {"prompt_len": 2, "warmup_steps": 1, "steps": 2, "diff_k": 1}
+PLAN = {"prompt_len": 2, "warmup_steps": 1, "steps": 2, "diff_k": 1, "profile_steps": 1}
 FLAGS = ["--platform", "cpu", "--model", "tiny", "--batches", "1,2", "--max-model-len", "32"]
 FLAGS += [f"--{k.replace('_', '-')}={v}" for k, v in PLAN.items()]
 
@@ -60,6 +60,23 @@ def test_each_batch_decodes_one_token_per_request_a_step(result: dict[str, Any],
     assert row["gen1_s"] > 0 and row["genk_s"] > 0
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_the_profile_splits_a_step_into_host_phases_and_functions(result: dict[str, Any], batch: int) -> None:
+    prof = result["batches"][str(batch)]["profile"]
+    assert prof["steps"] == PLAN["profile_steps"]
+    assert prof["device"]["step_ms_under_profiler"] > 0
+    assert prof["device"]["top_kernels"] == [] and prof["device"]["kernel_busy_ms_per_step"] == 0  # cpu
+    host = prof["host"]
+    # on cpu the loop is plain (no overlap): it plans, runs and emits each step
+    phases = host["phase_ms_per_step"]
+    for name in ("runner.submit", "runner.wait", "scheduler.advance", "engine._token_events"):
+        assert 0 < phases[name] <= host["step_ms_under_cprofile"], name
+    assert "runner.launch_sampled" not in phases  # the overlapped loop's launch
+    top = host["top_own_time"]
+    assert top and all(r["own_ms_per_step"] >= 0 for r in top)
+    assert top == sorted(top, key=lambda r: r["own_ms_per_step"], reverse=True)
+
+
 def test_a_peer_result_gives_ours_over_theirs(result: dict[str, Any]) -> None:
     peer, got = result["peer_file"], result["peer"]
     for batch in ("1", "2"):
@@ -93,4 +110,4 @@ def test_a_peer_missing_a_batch_and_a_short_context_are_refused(
     assert cli.main(["bench", "engine", *FLAGS, "--batches", "1,4", "--peer-json", str(peer)]) == 2
     assert "batches [4] were not measured there" in capsys.readouterr().err
     assert cli.main(["bench", "engine", *FLAGS, "--max-model-len", "8"]) == 2
-    assert "max_model_len: 8, expected at least 14" in capsys.readouterr().err
+    assert "max_model_len: 8, expected at least 16" in capsys.readouterr().err

@@ -43,11 +43,18 @@ class EnginePlan:
     warmup_steps: int = 8
     steps: int = 64  # timed steps of the engine loop
     diff_k: int = 64  # extra tokens of the longer generate() call
+    profile_steps: int = 0  # steps profiled after the timed ones (tools/bench/engine_profile.py); 0: none
 
     def __post_init__(self) -> None:
         if not self.batches or any(not isinstance(b, int) or b < 1 for b in self.batches):
             raise ValueError(f"batches: {self.batches!r}, expected integers >= 1")
-        for name, least in (("prompt_len", 1), ("warmup_steps", 0), ("steps", 1), ("diff_k", 1)):
+        for name, least in (
+            ("prompt_len", 1),
+            ("warmup_steps", 0),
+            ("steps", 1),
+            ("diff_k", 1),
+            ("profile_steps", 0),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}: {value!r}, expected an integer >= {least}")
@@ -76,11 +83,13 @@ def engine_options(
     platform: str, plan: EnginePlan, max_model_len: int, speculative: str, overlap: str
 ) -> dict[str, Any]:
     """The LLM keyword arguments of a run (the result records them)."""
-    need = plan.prompt_len + plan.warmup_steps + plan.steps + plan.diff_k + SLACK_TOKENS
+    need = (
+        plan.prompt_len + plan.warmup_steps + plan.steps + 2 * plan.profile_steps + plan.diff_k + SLACK_TOKENS
+    )
     if max_model_len < need:
         raise ValueError(
             f"max_model_len: {max_model_len}, expected at least {need} "
-            f"(prompt_len + warmup_steps + steps + diff_k + {SLACK_TOKENS})"
+            f"(prompt_len + warmup_steps + steps + 2 * profile_steps + diff_k + {SLACK_TOKENS})"
         )
     return {
         "platform": platform,
@@ -179,12 +188,17 @@ def loop_case(engine: Engine, plan: EnginePlan, batch: int, rng: np.random.Gener
                 f"bench engine: a request of batch {batch} ended inside the timed steps; "
                 f"raise max_model_len ({engine.config.max_model_len})"
             )
-    _drain(engine, rids)
-    return {
+    row = {
         "prefill_steps": prefill_steps,
         "context_at_timing": {"min": min(context), "max": max(context)},
         **summary(times_ms, tokens),
     }
+    if plan.profile_steps:
+        from dsgraph.tools.bench.engine_profile import profile_case
+
+        row["profile"] = profile_case(engine, plan.profile_steps)
+    _drain(engine, rids)
+    return row
 
 
 def diff_case(llm: LLM, plan: EnginePlan, batch: int, rng: np.random.Generator) -> dict[str, Any]:

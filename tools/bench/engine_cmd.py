@@ -25,7 +25,9 @@ def plan_of(args: argparse.Namespace) -> EnginePlan:
         batches = tuple(int(b) for b in args.batches.split(",") if b)
     except ValueError:
         raise ValueError(f"--batches: {args.batches!r}, expected comma-separated integers") from None
-    return EnginePlan(batches, args.prompt_len, args.warmup_steps, args.steps, args.diff_k)
+    return EnginePlan(
+        batches, args.prompt_len, args.warmup_steps, args.steps, args.diff_k, args.profile_steps
+    )
 
 
 def load_peer(path: Path, plan: EnginePlan) -> dict[str, Any]:
@@ -147,6 +149,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     p.add_argument("--steps", type=int, default=defaults.steps, help="timed engine steps per batch")
     p.add_argument("--diff-k", type=int, default=defaults.diff_k, help="extra tokens of the differencing")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=defaults.profile_steps,
+        help="steps per batch profiled after the timed ones: kernels, host phases, top functions (0: none)",
+    )
     p.add_argument("--max-model-len", type=int, default=8192, help="the peer's default too")
     p.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="prefill chunk (default: the engine's)"
