@@ -62,8 +62,11 @@ def allowed_tokens(words: Tensor, vocab_size: int) -> Tensor:
 
 
 def _leading_true(cond: Tensor) -> Tensor:
-    """Per row, how many leading elements of a [outs, V] bool are True (the kept prefix)."""
-    return cond.long().cumprod(-1).sum(-1)
+    """Per row, how many leading elements of a [outs, V] bool are True (the kept prefix): the index of
+    the first False (argmax returns the first maximum), V when there is none. Two reductions, where a
+    running product over the row would be a scan of int64s."""
+    first_false = (~cond).to(torch.uint8).argmax(-1)
+    return torch.where(cond.all(-1), cond.shape[-1], first_false)
 
 
 def _prefix(scores: Tensor, kept: Tensor) -> Tensor:

@@ -78,7 +78,7 @@ _BIG = 1 << 62
 # rows, tl.dot_scaled doing the upcast. Prefill is compute bound: larger tiles, where the kernel's own
 # dequantization beats dot_scaled's.
 SWAP_BUCKETS: SwapBuckets = (
-    (512, SwapTiles(64, 16, 64, 2, 4, scaled=True), SwapTiles(64, 16, 64, 2, 4, scaled=True)),
+    (512, SwapTiles(64, 16, 64, 2, 3, scaled=True), SwapTiles(64, 16, 64, 2, 3, scaled=True)),
     (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3)),
 )
 

@@ -19,7 +19,8 @@ weights as int32 words (eight codes each) and places each code's bits straight i
 multiply, a mask; no compare or select), then scales it with two exact power-of-two multiplies.
 SCALED (the tile set's choice, never under WIDE: the interpreter has no dot_scaled) hands the packed bytes and
 their scales to `tl.dot_scaled` instead: Triton upcasts E2M1 x UE8M0 to BF16 itself (the same exact
-values through its own packed conversion) and runs the same BF16 dot with FP32 accumulation.
+values through its own packed conversion) and runs the same BF16 dot with FP32 accumulation; its weight
+loads are staged in shared memory by the pipeliner, num_stages deep.
 """
 
 from __future__ import annotations
@@ -209,21 +210,36 @@ def swap_gemm_kernel(
         v_base, vs_base = v_ptr + w_offset, vs_ptr + s_offset
         acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
         acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
-        # The weight bytes of the next chunk are loaded before this chunk's dots (a register prefetch:
-        # decode streams weights, and the loads must be in flight while the dots wait).
-        wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-        vb, vs = wb, ws
-        if GATED:
-            vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-        for k0 in range(0, K_SIZE, BLOCK_K):
-            a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
-            # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
-            k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
-            acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
-            wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
+        if SCALED:
+            # Loads of the current chunk only: the packed bytes feed dot_scaled's shared-memory operand
+            # directly, so Triton's pipeliner stages them num_stages - 1 chunks ahead with async copies
+            # (more bytes in flight than a register prefetch, and no register-to-shared store).
+            for k0 in range(0, K_SIZE, BLOCK_K):
+                a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
+                wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, not SCALED)
+                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
+                if GATED:
+                    vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, not SCALED)
+                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
+        else:
+            # The kernel's own dequantization sits between load and dot, so the pipeliner cannot stage the
+            # weights: the bytes of the next chunk are loaded before this chunk's dots (a register
+            # prefetch, in flight while the dots wait).
+            wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
+            vb, vs = wb, ws
             if GATED:
-                acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
-                vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
+                vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
+            for k0 in range(0, K_SIZE, BLOCK_K):
+                a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
+                # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
+                k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
+                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
+                wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
+                if GATED:
+                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
+                    vb, vs = _load_packed(
+                        v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED
+                    )
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
