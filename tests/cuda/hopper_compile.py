@@ -236,6 +236,7 @@ def _moe(every: bool = False) -> None:
 
         buckets += [b for b in moe_sweep.CANDIDATES.values() if b is not None]
         buckets += list(moe_tiles.candidates("dequant").values())
+        buckets += list(moe_tiles.candidates("asm").values())
     _moe_swap(buckets)
 
 
@@ -270,7 +271,7 @@ def _moe_swap(variants: list[Any]) -> None:
                     N_SIZE=n, K_SIZE=k, GATED=gated, QDQ_OUT=gated, GEMM_DTYPE=tl.bfloat16, WIDE=False
                 )
                 meta |= dict(BLOCK_W=t.block_w, BLOCK_T=t.block_t, BLOCK_K=t.block_k)
-                meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0, SCALED=t.scaled)
+                meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0, SCALED=t.scaled, ASM=t.asm)
                 print(f"swap {'gated' if gated else 'down'} {t}", flush=True)
                 _without_spills(
                     moe_swap_tl.swap_gemm_kernel, gemm, meta, t.num_warps, True, t.num_stages, aligned

@@ -5,6 +5,7 @@ same bits as "swap"'s (a variant that mixes tile sets across its row buckets kee
 only then), and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave the
 default's decode tiles (moe.SWAP_BUCKETS; bench/results/moe-sweep-*-ds-decode-tiles*.json), the prefill
 set its prefill choice.
+The asm set times the inline-PTX E2M1 upcast at decode tiles against the default, bit for bit.
 The dequant set times the kernel's own word-wise dequantization (SwapTiles.scaled False) at decode tiles
 against the default swap_ds, each candidate with the default's prefill bucket, at 1 to 4096 rows, and
 checks every result bit for bit against `scaled_ref`: dot_scaled (Triton's upcast, a separate
@@ -51,6 +52,15 @@ DEQUANT = {  # decode tiles (both GEMMs) without dot_scaled: the word-wise dequa
         T(32, 16, 64, 1, 4),
     )
 }
+ASM = {  # decode tiles (both GEMMs) with the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm)
+    f"asm_{t.block_w}_w{t.num_warps}s{t.num_stages}": t
+    for t in (
+        T(64, 16, 64, 2, 3, asm=True),
+        T(64, 16, 64, 2, 4, asm=True),
+        T(64, 16, 64, 4, 3, asm=True),
+        T(128, 16, 64, 4, 3, asm=True),
+    )
+}
 PREFILL = {  # (gated tiles, down tiles)
     "p_ds_128x128_k64": (T(128, 64, 64, 8, 3, True), T(128, 128, 64, 8, 3, True)),
     "p_ds_128x64_k64_s4": (T(128, 64, 64, 8, 4, True), T(128, 64, 64, 8, 4, True)),
@@ -68,6 +78,8 @@ def candidates(which: str) -> dict[str, SwapBuckets]:
         scaled_prefill = T(128, 64, 64, 8, 4, True)  # p_ds_128x64_k64_s4 (bench/results, prefill tiles)
         table["scaled_ref"] = (SWAP_BUCKETS[0], (_BIG, scaled_prefill, scaled_prefill))
         return table
+    if which == "asm":  # decode tiles up to 512 rows, the default's prefill bucket above
+        return {name: ((512, t, t), SWAP_BUCKETS[-1]) for name, t in ASM.items()}
     cases = {name: (t, t) for name, t in DECODE.items()} if which == "decode" else PREFILL
     return {name: ((_BIG, gated, down),) for name, (gated, down) in cases.items()}
 
@@ -85,7 +97,7 @@ def same_bits(table: dict[str, SwapBuckets], rows_list: tuple[int, ...], referen
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", choices=("decode", "prefill", "dequant"), default="decode")
+    parser.add_argument("--set", choices=("decode", "prefill", "dequant", "asm"), default="decode")
     args = parser.parse_args(argv)
     table = candidates(args.set)
     if args.set == "dequant":
@@ -93,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         names = ["swap_ds", "swap", *DEQUANT]
         sweep = ["--out", str(args.out), "--rows", *rows, "--variants", *names]
         return moe_sweep.main([*sweep, "--same-bits-as", "scaled_ref"], extra=table)
+    if args.set == "asm":  # a candidate replaces the default's decode tiles only with its bits
+        sweep = ["--out", str(args.out), "--rows", "1", "8", "64", "256", "--variants", "swap_ds", *ASM]
+        return moe_sweep.main([*sweep, "--same-bits-as", "swap_ds"], extra=table)
     same_bits(table, (1, 64, 600, 4096))
     rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]
     names = ["swap", "swap_ds", *table]

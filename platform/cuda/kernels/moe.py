@@ -66,6 +66,7 @@ class SwapTiles:
     num_warps: int
     num_stages: int
     scaled: bool = False  # tl.dot_scaled upcasts the packed weights (moe_swap_tl.py); else _dequantize
+    asm: bool = False  # the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm); wins over `scaled`
 
 
 # (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one taking every
@@ -222,6 +223,7 @@ def _swap_config(p: Any, x: Tensor, tiles: SwapTiles) -> dict[str, Any]:
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         SCALED=tiles.scaled and x.is_cuda,
+        ASM=tiles.asm and x.is_cuda,
     )
 
 

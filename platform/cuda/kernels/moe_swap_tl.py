@@ -112,11 +112,68 @@ def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl
     return w
 
 
+# Eight E2M1 codes (four bytes, $4) and their scale as a BF16x2 pair 2^(s-127) ($5; $6..$8 the same)
+# -> eight BF16 values: $0, $1 the low nibbles of bytes 0..3 (two per register), $2, $3 the high ones. A
+# code's bits placed with one multiply (two copies of the masked code: magnitude at bits 6..8, sign at 15,
+# per half) form a BF16 of value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals); x 2^126
+# then x 2^(s-127), each exact.
+_E2M1_BF16X2_ASM = tl.constexpr("""
+{
+.reg .b32 x01, x23, t, c;
+mov.b32 c, 0x7E807E80;
+prmt.b32 x01, $4, 0, 0x4140;
+prmt.b32 x23, $4, 0, 0x4342;
+and.b32 t, x01, 0x000F000F;
+mul.lo.u32 t, t, 0x1040;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, c;
+mul.rn.bf16x2 $0, t, $5;
+and.b32 t, x23, 0x000F000F;
+mul.lo.u32 t, t, 0x1040;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, c;
+mul.rn.bf16x2 $1, t, $5;
+and.b32 t, x01, 0x00F000F0;
+mul.lo.u32 t, t, 0x104;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, c;
+mul.rn.bf16x2 $2, t, $5;
+and.b32 t, x23, 0x00F000F0;
+mul.lo.u32 t, t, 0x104;
+and.b32 t, t, 0x81C081C0;
+mul.rn.bf16x2 t, t, c;
+mul.rn.bf16x2 $3, t, $5;
+}
+""")
+
+
+@triton.jit
+def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packed bytes [BLOCK_W, BLOCK_K // 2] and UE8M0 scales [BLOCK_W, BLOCK_K // 32] -> [BLOCK_W, BLOCK_K]
+    BF16 through _E2M1_BF16X2_ASM (four bytes of one scale group per call)."""
+    s = s.to(tl.int32) & 0xFF
+    # 2^(s-127) twice as BF16 bits: exponent field s, except byte 0 (2^-127, a subnormal) and 255 (NaN)
+    f = tl.where(s == 0, 0x00400040, tl.where(s == 255, 0x7FC07FC0, s * 0x00800080))
+    f = tl.reshape(tl.broadcast_to(f[:, :, None], (BLOCK_W, BLOCK_K // 32, 16)), (BLOCK_W, BLOCK_K // 2))
+    lo, hi = tl.inline_asm_elementwise(
+        _E2M1_BF16X2_ASM,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        [b, f],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
+    return tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
+
+
 @triton.jit
 def _dot_packed(b, s, a, acc, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr,
-                SCALED: tl.constexpr):  # fmt: skip
+                SCALED: tl.constexpr, ASM: tl.constexpr = False):  # fmt: skip
     """acc + W . a for W the packed bytes b and scales s (from _load_packed): BF16 dot, FP32 sums."""
-    if SCALED:
+    if ASM:
+        w = _dequantize_asm(b, s, BLOCK_W, BLOCK_K)
+        acc = tl.dot(w, a, acc, input_precision="ieee", out_dtype=tl.float32)
+    elif SCALED:
         packed = b.to(tl.uint8, bitcast=True)  # the weights are stored as int8
         acc = tl.dot_scaled(packed, s, "e2m1", a, None, "bf16", acc, out_dtype=tl.float32)
     else:
@@ -189,6 +246,7 @@ def swap_gemm_kernel(
     BLOCK_K: tl.constexpr,
     EVEN: tl.constexpr,
     SCALED: tl.constexpr = False,
+    ASM: tl.constexpr = False,
 ) -> None:
     """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
     GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
@@ -210,17 +268,17 @@ def swap_gemm_kernel(
         v_base, vs_base = v_ptr + w_offset, vs_ptr + s_offset
         acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
         acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
-        if SCALED:
+        if SCALED or ASM:
             # Loads of the current chunk only: the packed bytes feed dot_scaled's shared-memory operand
             # directly, so Triton's pipeliner stages them num_stages - 1 chunks ahead with async copies
             # (more bytes in flight than a register prefetch, and no register-to-shared store).
             for k0 in range(0, K_SIZE, BLOCK_K):
                 a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
-                wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
+                wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
+                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
                 if GATED:
-                    vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
+                    vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
+                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
         else:
             # The kernel's own dequantization sits between load and dot, so the pipeliner cannot stage the
             # weights: the bytes of the next chunk are loaded before this chunk's dots (a register
