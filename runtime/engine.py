@@ -153,7 +153,6 @@ class Engine:
         self.overlap = (SpecOverlap(self) if spec.enabled else OverlapLoop(self)) if overlap else None
         self._plan = None  # the plan of the next step, made by the last `advance`
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
-        self._faults: dict[int, int] = {}  # test hook (inject_fault): request -> tokens before it fails
         self.pd = None if config.engine_type == "normal" else pd_state(self, store)
         self.store_import = store_import_for(self, store)  # store hits skip prefill (kvstore/prefix_import)
         if rank is not None:
@@ -254,13 +253,7 @@ class Engine:
             raise ValueError(f"release: request {rid} has not finished")
         self.live.pop(rid, None)
         self._prefilling.discard(rid)
-        self._faults.pop(rid, None)
         self.structured.release(rid)
-
-    def inject_fault(self, rid: int, after_tokens: int = 0) -> None:
-        """Test hook: the request fails inside the engine (a RuntimeError in its per-request commit) once
-        it has `after_tokens` tokens; servers use it to test that one failing request is isolated."""
-        self._faults[rid] = after_tokens
 
     def spec_stats(self) -> dict[str, object] | None:
         """Speculative decoding statistics since the start (per-position acceptance, mean accepted length,
@@ -442,8 +435,6 @@ class Engine:
     def _commit(self, i: int, rid: int, s, event) -> TokenEvent:  # type: ignore[no-untyped-def]
         live, token = self.live[rid], int(s.tokens[i])
         self._prefilling.discard(rid)  # a sampled row ends the prefill: the hit count is final
-        if rid in self._faults and len(live.tokens) >= self._faults[rid]:
-            raise RuntimeError(f"fault injected into request {rid} (Engine.inject_fault)")
         self.structured.accept(rid, token)
         k = live.params.num_top_logprobs
         top = list(zip(s.top_ids[i, :k].tolist(), s.top_logprobs[i, :k].tolist(), strict=True))

@@ -28,15 +28,15 @@ Two verification rules:
   sampling accepts), the same for greedy ones.
 
 Draft log-probabilities stay tensors: a pool [slots, nextn, V] indexed by the request's state slot (a
-request keeps its slot while it holds drafts: preemption drops them). `draft_hook` is a test-only hook
-that replaces a sequence's drafts (e.g. with the target's own continuation) to exercise every
-acceptance length; replaced drafts get a one-hot draft distribution so exact verification stays exact.
+request keeps its slot while it holds drafts: preemption drops them). Tests replace a sequence's drafts
+(e.g. with the target's own continuation, to exercise every acceptance length) by wrapping the drafter
+(tests/engine_faults.py `draft_hook`), so the drafting path holds no test hook.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +54,7 @@ from dsgraph.runtime.spec_pause import DraftCost, DraftPause
 from dsgraph.runtime.spec_schedule import VerifyScheduler
 from dsgraph.runtime.structured.state import StructuredState
 
-__all__ = ["DraftHook", "SeqInfo", "SpecDecoder", "Verified"]
-
-# (rid, position of the anchor, drafts, confidences) -> replacement (drafts, confidences) or None
-DraftHook = Callable[[int, int, list[int], list[float]], tuple[list[int], list[float]] | None]
+__all__ = ["SeqInfo", "SpecDecoder", "Verified"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,6 @@ class SpecDecoder:
         self.vocab = vocab = session.model.cfg.text.vocab_size
         self.pool = torch.zeros(session.cache_sizes.num_slots, nextn, vocab, device=session.device)
         self.confidence: dict[int, np.ndarray] = {}  # rid -> confidences of the drafts it holds
-        self.draft_hook: DraftHook | None = None
         self.cost = DraftCost()  # setup_spec replaces it with the profiled or given draft cost
         self.pause: DraftPause | None = None  # None: draft every step (draft_pause off, or no curve)
         self.draft_passes = 0
@@ -235,10 +231,9 @@ class SpecDecoder:
             width = min(self.nextn, out.tokens.shape[1])
             slots = torch.tensor([req.slot for _, req in todo], dtype=torch.long, device=self.pool.device)
             self.pool[slots, :width] = out.logprobs[:, :width]  # one copy for the whole batch
-            for i, (k, req) in enumerate(todo):
+            for i, (k, _) in enumerate(todo):
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()
-                self._hook(drafted[i][1], req, tokens[k], lengths, conf[k], k)
                 # a draft id outside the vocabulary (a broken drafter) would be an input of the next step
                 d = tokens[k, : lengths[k]]
                 lengths[k] = _leading((d >= 0) & (d < self.vocab))
@@ -250,30 +245,6 @@ class SpecDecoder:
                 self.pause.seed_confidences(conf[picked], lengths[picked])
         self.confidence = {info.rid: conf[k, : lengths[k]].copy() for k, info in drafted}
         return tokens, lengths, conf
-
-    def _hook(
-        self,
-        info: SeqInfo,
-        req: DraftRequest,
-        tokens: np.ndarray,
-        lengths: np.ndarray,
-        conf: np.ndarray,
-        k: int,
-    ) -> None:
-        """Test-only: let `draft_hook` replace sequence k's drafts (one-hot draft distributions)."""
-        if self.draft_hook is None:
-            return
-        got = self.draft_hook(
-            info.rid, req.position, tokens[: lengths[k]].tolist(), conf[: lengths[k]].tolist()
-        )
-        if got is None:
-            return
-        d, c = list(got[0])[: self.nextn], list(got[1])[: self.nextn]
-        tokens[:], conf[:] = 0, 0.0
-        tokens[: len(d)], conf[: len(c)], lengths[k] = d, c, len(d)
-        one_hot = torch.full_like(self.pool[req.slot], float("-inf"))
-        one_hot[torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 0.0
-        self.pool[req.slot, : len(d)] = one_hot[: len(d)]
 
     def _trim(self, rid: int, emitted: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, k: int) -> None:
         """A constrained request verifies only the drafts its grammar allows (the others would be

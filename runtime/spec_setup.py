@@ -85,10 +85,10 @@ def curve_cache_dir() -> Path:
 def profile_inputs(model: Any, n: int) -> dict[str, np.ndarray]:
     """A step of n real rows: sequences of consecutive positions from 0 in slots 0, 1, ..., on pages
     0, 1, ... (the caches are cleared after profiling)."""
-    from dsgraph.runtime.bundle.warm import step_inputs
+    from dsgraph.runtime.step_builder import packed_inputs
 
     span = model.geo.max_model_len - 1
-    return step_inputs(model, [min(span, n - i) for i in range(0, n, span)], n)
+    return packed_inputs(model, [min(span, n - i) for i in range(0, n, span)], n)
 
 
 def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> ThroughputCurve:

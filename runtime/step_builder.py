@@ -12,19 +12,22 @@ scheduler does this for the engine; here it is for direct users of a session and
 A chunk continues its sequence at `len(seq.tokens)`: prefill is a chunk of the prompt (or several
 chunks, one per step), decode a chunk of one token. `logits="all"` asks for every row's logits (prompt
 scoring, verification), "last" (default) for the last row only, "none" for none (a prefill chunk that
-is not the prompt's last).
+is not the prompt's last). `packed_inputs` lays out synthetic steps of a given shape (bucket warming,
+step-time profiling) without a pool.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from dsgraph.models.interface import Model, ratios
 
-__all__ = ["CachePool", "CachePoolError", "SeqState", "Step", "StepBuilder"]
+__all__ = ["CachePool", "CachePoolError", "SeqState", "Step", "StepBuilder", "packed_inputs"]
 
 LOGITS_CHOICES = ("last", "all", "none")
 _COLUMNS = ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")
@@ -159,3 +162,33 @@ class StepBuilder:
         out["seq_window_start"] = torch.zeros(len(self._chunks), dtype=torch.int32)
         chunks = tuple((seq, new) for seq, new, _ in self._chunks)
         return Step(out, chunks, tuple(num_logits))
+
+
+def packed_inputs(model: Model, lengths: list[int], outs: int, start: int = 0) -> dict[str, np.ndarray]:
+    """A step of sequences of `lengths` rows (consecutive positions from `start` in slots 0, 1, ..., on
+    pages 0, 1, ...) whose first `outs` rows are sampled, with placeholder token ids and no lookback: the
+    steps that warm a bucket or profile the step time, whose caches are cleared after (no pool holds
+    their slots and pages)."""
+    geo, text = model.geo, model.cfg.text
+    tokens, seqs = sum(lengths), len(lengths)
+    out: dict[str, Any] = {
+        "token_ids": np.arange(tokens, dtype=np.int32) % text.vocab_size,
+        "positions": np.concatenate([np.arange(start, start + m) for m in lengths]).astype(np.int32),
+        "seq_ids": np.repeat(np.arange(seqs), lengths).astype(np.int32),
+        "seq_slot": np.arange(seqs, dtype=np.int32),
+        "seq_start": np.full(seqs, start, np.int32),
+        "seq_end": np.asarray(lengths, np.int32) + start,
+        "seq_window_start": np.zeros(seqs, np.int32),
+        "lookback": np.full((seqs, text.engram_max_ngram_size - 1), -1, np.int32),
+        "sample_rows": np.arange(outs, dtype=np.int32),
+        "is_replay": np.zeros(tokens, np.int32),
+    }
+    for r in ratios(model.plans):
+        table = np.full((seqs, geo.pages_per_seq(r)), -1, np.int32)
+        used = 0
+        for s, m in enumerate(lengths):
+            need = -(-((start + m) // r) // geo.page_size)  # pages holding the entries of its tokens
+            table[s, :need] = np.arange(used, used + need)
+            used += need
+        out[f"block_table_r{r}"] = table
+    return out

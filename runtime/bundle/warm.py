@@ -9,43 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from dsgraph.models.interface import ratios
 from dsgraph.runtime.prefill_truncation import truncated_inputs
+from dsgraph.runtime.step_builder import packed_inputs
 
-__all__ = ["step_inputs", "warm_inputs", "warm_truncated_inputs"]
+__all__ = ["warm_inputs", "warm_truncated_inputs"]
 
 
 def _lengths(tokens: int, seqs: int) -> list[int]:
     base, extra = divmod(tokens, seqs)
     return [base + (1 if i < extra else 0) for i in range(seqs)]
-
-
-def step_inputs(model: Any, lengths: list[int], outs: int, start: int = 0) -> dict[str, np.ndarray]:
-    """A step of sequences of `lengths` rows (consecutive positions from `start` in slots 0, 1, ..., on
-    pages 0, 1, ...) whose first `outs` rows are sampled."""
-    geo, text = model.geo, model.cfg.text
-    tokens, seqs = sum(lengths), len(lengths)
-    out: dict[str, Any] = {
-        "token_ids": np.arange(tokens, dtype=np.int32) % text.vocab_size,
-        "positions": np.concatenate([np.arange(start, start + m) for m in lengths]).astype(np.int32),
-        "seq_ids": np.repeat(np.arange(seqs), lengths).astype(np.int32),
-        "seq_slot": np.arange(seqs, dtype=np.int32),
-        "seq_start": np.full(seqs, start, np.int32),
-        "seq_end": np.asarray(lengths, np.int32) + start,
-        "seq_window_start": np.zeros(seqs, np.int32),
-        "lookback": np.full((seqs, text.engram_max_ngram_size - 1), -1, np.int32),
-        "sample_rows": np.arange(outs, dtype=np.int32),
-        "is_replay": np.zeros(tokens, np.int32),
-    }
-    for r in ratios(model.plans):
-        table = np.full((seqs, geo.pages_per_seq(r)), -1, np.int32)
-        used = 0
-        for s, m in enumerate(lengths):
-            need = -(-((start + m) // r) // geo.page_size)  # pages holding the entries of its tokens
-            table[s, :need] = np.arange(used, used + need)
-            used += need
-        out[f"block_table_r{r}"] = table
-    return out
 
 
 def warm_inputs(model: Any, tokens: int, seqs: int, outs: int) -> dict[str, np.ndarray]:
@@ -56,7 +28,7 @@ def warm_inputs(model: Any, tokens: int, seqs: int, outs: int) -> dict[str, np.n
         raise ValueError(
             f"warm_inputs: {tokens} rows over {seqs} sequences exceed max_model_len {model.geo.max_model_len}"
         )
-    return step_inputs(model, lengths, outs)
+    return packed_inputs(model, lengths, outs)
 
 
 def warm_truncated_inputs(
@@ -72,7 +44,7 @@ def warm_truncated_inputs(
     if not 1 <= outs <= rows <= tokens:
         return None
     lengths = _lengths(tokens, seqs)
-    step = step_inputs(model, lengths, outs, start=1)
+    step = packed_inputs(model, lengths, outs, start=1)
     step["sample_rows"] = np.arange(tokens - outs, tokens, dtype=np.int32)
     keep_start, left = np.ones(seqs, np.int32), rows
     for s in reversed(range(seqs)):  # keep each sequence's tail, from the last sequence back

@@ -193,7 +193,8 @@ class GroupEngine:
     def release(self, rid: int) -> None:
         self._send(rid, "release")
 
-    def inject_fault(self, rid: int, after_tokens: int = 0) -> None:
+    def forward_fault(self, rid: int, after_tokens: int) -> None:
+        """The server's fault-injection test hook (runtime/server/fault_hook.py), for the owning rank."""
         self._send(rid, "fault", after_tokens)
 
     def prefix_cache_stats(self) -> tuple[int, int]:

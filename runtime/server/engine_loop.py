@@ -29,7 +29,7 @@ class _Add:
     params: SamplingParams
     sink: Callable[[TokenEvent], None]
     done: concurrent.futures.Future[None]
-    fault_after: int | None  # test hook: Engine.inject_fault(rid, fault_after)
+    fault_after: int | None  # test hook (hooks.FAULT_FIELD): fails the request after that many tokens
     max_chunk: int = 0  # Engine.add_request's: most prompt tokens one step prefills (0: no limit)
 
 
@@ -127,8 +127,10 @@ class EngineLoop:
         except Exception as exc:  # handed to the awaiting request handler
             cmd.done.set_exception(exc)
             return
-        if cmd.fault_after is not None:
-            self.engine.inject_fault(cmd.rid, cmd.fault_after)
+        if cmd.fault_after is not None:  # only with the server's fault-injection switch on
+            from dsgraph.runtime.server.fault_hook import inject_fault
+
+            inject_fault(self.engine, cmd.rid, cmd.fault_after)
         self._sinks[cmd.rid] = cmd.sink
         cmd.done.set_result(None)
 

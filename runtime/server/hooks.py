@@ -2,7 +2,8 @@
 a request body may carry FORCED_FIELD, token ids the engine emits instead of sampling
 (SamplingParams.golden_token_ids), so tests can drive reasoning and tool-call markup through the recipe's
 parser. With `allow_fault_injection=True`, FAULT_FIELD (a token count) makes the engine fail that request
-once it has generated that many tokens (Engine.inject_fault), to test that a failure stays isolated."""
+once it has generated that many tokens (runtime/server/fault_hook.py), to test that a failure stays
+isolated."""
 
 from __future__ import annotations
 

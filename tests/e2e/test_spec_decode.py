@@ -14,6 +14,7 @@ import pytest
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.tools.cli import main
+from tests.engine_faults import draft_hook
 from tests.oracle import model_fixtures as fx
 from tests.runtime.test_spec_engine import CURVE  # flat up to 32 rows: confident drafts are verified
 
@@ -59,7 +60,7 @@ def hook_reference(llm: LLM, reference: list[tuple[int, ...]]) -> None:
             d[right] = (d[right] + 1) % eng.cfg.text.vocab_size
         return d, [0.9] * len(d)
 
-    eng.spec.draft_hook = hook  # type: ignore[union-attr]
+    draft_hook(eng).fn = hook
 
 
 def test_batch_of_32_equals_no_drafting(model_dir, reference) -> None:  # type: ignore[no-untyped-def]

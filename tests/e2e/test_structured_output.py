@@ -20,6 +20,7 @@ from dsgraph.models.deepseek_v41.tiny import make_tiny
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.structured import StructuredOutputsParams as S
+from tests.engine_faults import draft_hook
 from tests.runtime.test_spec_engine import CURVE
 
 _INT = {"type": "integer", "minimum": -99, "maximum": 99}
@@ -160,7 +161,7 @@ def _feed(llm: LLM, expected: dict[int, tuple[int, ...]]) -> None:
             d[wrong] = (d[wrong] + 1) % eng.cfg.text.vocab_size
         return d, [0.9] * len(d)
 
-    eng.spec.draft_hook = hook
+    draft_hook(eng).fn = hook
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import pytest
 from dsgraph.runtime.engine import EngineConfig
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
+from tests.engine_faults import draft_hook
 from tests.oracle import model_fixtures as fx
 
 PROMPTS = [fx.prompt(700 + i, n) for i, n in enumerate([3, 17, 5, 11])]
@@ -59,7 +60,7 @@ def forced_hook(llm: LLM, reference: list[tuple[int, ...]], cut: Any = None):  #
                 d[right] = (d[right] + 1) % eng.cfg.text.vocab_size
         return d, [1.0] * len(d)
 
-    eng.spec.draft_hook = hook
+    draft_hook(eng).fn = hook
     return llm
 
 
@@ -234,13 +235,13 @@ def test_stops_truncate_multi_token_emissions(model_dir, reference) -> None:  # 
 @pytest.mark.parametrize(("confidence", "verified"), [(0.0, False), (1.0, True)])
 def test_confidences_drive_the_planner(model_dir, reference, confidence: float, verified: bool) -> None:  # type: ignore[no-untyped-def]
     llm = forced_hook(spec_llm(model_dir), reference)
-    hook = llm.engine.spec.draft_hook  # type: ignore[union-attr]
+    hook = draft_hook(llm.engine).fn
 
     def with_confidence(rid: int, position: int, drafts: list[int], conf: list[float]):  # type: ignore[no-untyped-def]
         d, _ = hook(rid, position, drafts, conf)  # type: ignore[misc]
         return d, [confidence] * len(d)
 
-    llm.engine.spec.draft_hook = with_confidence  # type: ignore[union-attr]
+    draft_hook(llm.engine).fn = with_confidence
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
     stats: Any = llm.engine.spec_stats()
@@ -269,13 +270,13 @@ def test_pauses_when_drafting_does_not_pay(model_dir, reference) -> None:  # typ
 
 def test_keeps_drafting_while_it_pays(model_dir, reference) -> None:  # type: ignore[no-untyped-def]
     llm = forced_hook(spec_llm(model_dir, draft_cost=CHEAP), reference)
-    eng, hook, seen = llm.engine, llm.engine.spec.draft_hook, []  # type: ignore[union-attr]
+    eng, hook, seen = llm.engine, draft_hook(llm.engine).fn, []  # type: ignore[union-attr]
 
     def watch(*args: Any):  # type: ignore[no-untyped-def]
         seen.append(eng.scheduler.native.draft_ms)  # what the planner weighed for the step before
         return hook(*args)  # type: ignore[misc]
 
-    eng.spec.draft_hook = watch  # type: ignore[union-attr]
+    draft_hook(eng).fn = watch
     outs = llm.generate(PROMPTS, GREEDY)
     assert seen[0] == 0.0 and set(seen[len(PROMPTS) :]) == {0.5}
     assert [o.outputs[0].token_ids for o in outs] == reference
@@ -288,7 +289,7 @@ def test_resumes_drafting_when_acceptance_rises(model_dir, reference) -> None:  
     """Drafts are wrong for the first outputs and right afterwards: drafting pauses, and a probe after
     the pause notices the drafts are accepted now, so drafting goes on every step with no backoff."""
     llm = forced_hook(spec_llm(model_dir, draft_cost=((1, 8), (5.0, 5.0))), reference)
-    eng, right = llm.engine, llm.engine.spec.draft_hook  # type: ignore[union-attr]
+    eng, right = llm.engine, draft_hook(llm.engine).fn
 
     def wrong_then_right(rid: int, position: int, drafts: list[int], conf: list[float]):  # type: ignore[no-untyped-def]
         d, c = right(rid, position, drafts, conf)  # type: ignore[misc]
@@ -296,7 +297,7 @@ def test_resumes_drafting_when_acceptance_rises(model_dir, reference) -> None:  
             d = [(t + 1) % eng.cfg.text.vocab_size for t in d]
         return d, c
 
-    eng.spec.draft_hook = wrong_then_right  # type: ignore[union-attr]
+    draft_hook(eng).fn = wrong_then_right
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
     stats: Any = eng.spec_stats()

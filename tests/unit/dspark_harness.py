@@ -8,7 +8,6 @@ the DSpark tests run the two graphs through this driver.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,8 @@ from dsgraph.models.deepseek_v41.weights import prepare_weights, weight_types
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.interpret import run_program
 from dsgraph.platform.registry import Program, lower
+from dsgraph.runtime.step_builder import CachePool, SeqState, StepBuilder
 from tests.oracle import model_fixtures as fx
-
-
-@dataclass
-class _Request:
-    slot: int
-    tokens: list[int] = field(default_factory=list)
-    pages: dict[int, list[int]] = field(default_factory=dict)
 
 
 class _Programs:
@@ -84,9 +77,8 @@ class DSparkRunner:
             name: torch.zeros([self.sizes.get(d, d) for d in t.shape], dtype=to_torch(t.dtype))
             for name, t in self.model.cache_types().items()
         }
-        self.free_slots = list(range(num_slots))
-        self.free_pages = {r: list(range(num_pages)) for r in ratios(self.model.plans)}
-        self.requests: dict[int, _Request] = {}
+        self.pool = CachePool(self.model, num_slots, {r: num_pages for r in ratios(self.model.plans)})
+        self.requests: dict[int, SeqState] = {}
         self._step = _Programs(self.step_graph)
         self._drafts: dict[str, _Programs] = {}
         self.last_debug: dict[str, torch.Tensor] = {}
@@ -96,38 +88,15 @@ class DSparkRunner:
         return self.model.cfg.text
 
     def add(self, rid: int) -> None:
-        self.requests[rid] = _Request(self.free_slots.pop(0))
-
-    def _table(self, req: _Request, end: int, r: int) -> list[int]:
-        owned = req.pages.setdefault(r, [])
-        while len(owned) < -(-(end // r) // self.model.geo.page_size):
-            owned.append(self.free_pages[r].pop(0))
-        return owned + [-1] * (self.model.geo.pages_per_seq(r) - len(owned))
+        self.requests[rid] = self.pool.open()
 
     def step_inputs(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> dict[str, torch.Tensor]:
-        m = self.text.engram_max_ngram_size - 1
-        names = ("token_ids", "positions", "seq_ids", "seq_slot", "seq_start", "seq_end", "lookback")
-        cols: dict[str, list[Any]] = {k: [] for k in names}
-        tables: dict[int, list[list[int]]] = {r: [] for r in ratios(self.model.plans)}
-        for s, (rid, new) in enumerate(chunks):
-            req = self.requests[rid]
-            start, end = len(req.tokens), len(req.tokens) + len(new)
-            cols["token_ids"] += list(new)
-            cols["positions"] += range(start, end)
-            cols["seq_ids"] += [s] * len(new)
-            cols["seq_slot"].append(req.slot)
-            cols["seq_start"].append(start)
-            cols["seq_end"].append(end)
-            cols["lookback"].append([req.tokens[-1 - i] if i < start else -1 for i in range(m)])
-            for r in tables:
-                tables[r].append(self._table(req, end, r))
-        out = {k: torch.tensor(v, dtype=torch.int32) for k, v in cols.items()}
-        out.update({f"block_table_r{r}": torch.tensor(v, dtype=torch.int32) for r, v in tables.items()})
-        rows = len(cols["token_ids"])
-        out["sample_rows"] = torch.arange(rows, dtype=torch.int32)
-        out["is_replay"] = torch.zeros(rows, dtype=torch.int32)
-        out["seq_window_start"] = torch.zeros(len(chunks), dtype=torch.int32)
-        return out
+        """The inputs of a step over (request id, new token ids) chunks, every row's logits wanted (the
+        runtime's one step-input builder)."""
+        builder = StepBuilder(self.model, self.pool)
+        for rid, new in chunks:
+            builder.add(self.requests[rid], new, logits="all")
+        return builder.build().inputs
 
     def step(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> list[torch.Tensor]:
         """One target step over (request id, new token ids); returns each chunk's logits [len, V]."""
