@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,6 +56,14 @@ def wait_idle(state: Any, timeout: float = 10) -> None:
     deadline = time.time() + timeout
     while not (state.loop.idle and not state.loop.engine.has_unfinished):
         assert time.time() < deadline, "requests still in the engine"
+        time.sleep(0.02)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Until `condition()` holds (state the server's threads change after the client got its answer)."""
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"{what}: not within {timeout} s"
         time.sleep(0.02)
 
 
