@@ -66,7 +66,11 @@ class SwapTiles:
     num_warps: int
     num_stages: int
     scaled: bool = False  # tl.dot_scaled upcasts the packed weights (moe_swap_tl.py); else _dequantize
-    asm: bool = False  # the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm); wins over `scaled`
+    asm: bool = False  # the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm) instead
+
+    def __post_init__(self) -> None:
+        if self.scaled and self.asm:
+            raise ValueError(f"moe swap tiles {self}: scaled and asm both set, expected one upcast")
 
 
 # (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one taking every

@@ -117,34 +117,20 @@ def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl
 # code's bits placed with one multiply (two copies of the masked code: magnitude at bits 6..8, sign at 15,
 # per half) form a BF16 of value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals); x 2^126
 # then x 2^(s-127), each exact.
-_E2M1_BF16X2_ASM = tl.constexpr("""
-{
-.reg .b32 x01, x23, t, c;
-mov.b32 c, 0x7E807E80;
-prmt.b32 x01, $4, 0, 0x4140;
-prmt.b32 x23, $4, 0, 0x4342;
-and.b32 t, x01, 0x000F000F;
-mul.lo.u32 t, t, 0x1040;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 t, t, c;
-mul.rn.bf16x2 $0, t, $5;
-and.b32 t, x23, 0x000F000F;
-mul.lo.u32 t, t, 0x1040;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 t, t, c;
-mul.rn.bf16x2 $1, t, $5;
-and.b32 t, x01, 0x00F000F0;
-mul.lo.u32 t, t, 0x104;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 t, t, c;
-mul.rn.bf16x2 $2, t, $5;
-and.b32 t, x23, 0x00F000F0;
-mul.lo.u32 t, t, 0x104;
-and.b32 t, t, 0x81C081C0;
-mul.rn.bf16x2 t, t, c;
-mul.rn.bf16x2 $3, t, $5;
-}
-""")
+def _e2m1_bf16x2_asm() -> str:
+    """The PTX of _E2M1_BF16X2_ASM: one 5-instruction block per output register (source, nibble mask,
+    the multiplier placing the masked code's two copies)."""
+    lines = ["{", ".reg .b32 x01, x23, t, c;", "mov.b32 c, 0x7E807E80;"]
+    lines += ["prmt.b32 x01, $4, 0, 0x4140;", "prmt.b32 x23, $4, 0, 0x4342;"]
+    blocks = (("x01", "0x000F000F", "0x1040"), ("x23", "0x000F000F", "0x1040"))
+    blocks += (("x01", "0x00F000F0", "0x104"), ("x23", "0x00F000F0", "0x104"))
+    for out, (src, mask, factor) in enumerate(blocks):
+        lines += [f"and.b32 t, {src}, {mask};", f"mul.lo.u32 t, t, {factor};", "and.b32 t, t, 0x81C081C0;"]
+        lines += ["mul.rn.bf16x2 t, t, c;", f"mul.rn.bf16x2 ${out}, t, $5;"]
+    return "\n".join([*lines, "}"])
+
+
+_E2M1_BF16X2_ASM = tl.constexpr(_e2m1_bf16x2_asm())
 
 
 @triton.jit
@@ -220,6 +206,51 @@ def _gated(g, acc_v, route, limit, GEMM_DTYPE: tl.constexpr, QDQ_OUT: tl.constex
 
 
 @triton.jit
+def _streamed_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask,
+                   K_SIZE: tl.constexpr, GATED: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, SCALED: tl.constexpr,
+                   ASM: tl.constexpr):  # fmt: skip
+    """(W . a^T, V . a^T) over K with the loads of the current chunk only: the packed bytes reach the
+    upcast (dot_scaled's, or the inline PTX) from shared memory, so Triton's pipeliner stages them
+    num_stages - 1 chunks ahead with async copies (more bytes in flight than a register prefetch)."""
+    acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    for k0 in range(0, K_SIZE, BLOCK_K):
+        a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
+        wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
+        acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
+        if GATED:
+            vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
+            acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
+    return acc, acc_v
+
+
+@triton.jit
+def _prefetched_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask,
+                     K_SIZE: tl.constexpr, GATED: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """(W . a^T, V . a^T) over K through the kernel's own dequantization, which sits between load and
+    dot, so the pipeliner cannot stage the weights: the words of the next chunk are loaded before this
+    chunk's dots (a register prefetch, in flight while the dots wait)."""
+    acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
+    wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, True)
+    vb, vs = wb, ws
+    if GATED:
+        vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, True)
+    for k0 in range(0, K_SIZE, BLOCK_K):
+        a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
+        # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
+        k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
+        acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, False)
+        wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, True)
+        if GATED:
+            acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, False)
+            vb, vs = _load_packed(v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, True)
+    return acc, acc_v
+
+
+@triton.jit
 def swap_gemm_kernel(
     a_ptr,
     a_rows_ptr,
@@ -266,38 +297,16 @@ def swap_gemm_kernel(
         s_offset = e.to(tl.int64) * N_SIZE * (K_SIZE // 32)
         w_base, s_base = w_ptr + w_offset, s_ptr + s_offset
         v_base, vs_base = v_ptr + w_offset, vs_ptr + s_offset
-        acc = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
-        acc_v = tl.zeros((BLOCK_W, BLOCK_T), dtype=tl.float32)
         if SCALED or ASM:
-            # Loads of the current chunk only: the packed bytes feed dot_scaled's shared-memory operand
-            # directly, so Triton's pipeliner stages them num_stages - 1 chunks ahead with async copies
-            # (more bytes in flight than a register prefetch, and no register-to-shared store).
-            for k0 in range(0, K_SIZE, BLOCK_K):
-                a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
-                wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
-                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
-                if GATED:
-                    vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
-                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
+            acc, acc_v = _streamed_dots(
+                a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask, K_SIZE,
+                GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN, SCALED, ASM,
+            )  # fmt: skip
         else:
-            # The kernel's own dequantization sits between load and dot, so the pipeliner cannot stage the
-            # weights: the bytes of the next chunk are loaded before this chunk's dots (a register
-            # prefetch, in flight while the dots wait).
-            wb, ws = _load_packed(w_base, s_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-            vb, vs = wb, ws
-            if GATED:
-                vb, vs = _load_packed(v_base, vs_base, n, n_mask, 0, K_SIZE, BLOCK_K, EVEN, not SCALED)
-            for k0 in range(0, K_SIZE, BLOCK_K):
-                a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
-                # the last chunk prefetches chunk 0 again (in bounds, and in cache) rather than masking
-                k_next = tl.multiple_of((k0 + BLOCK_K) % K_SIZE, BLOCK_K)
-                acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED)
-                wb, ws = _load_packed(w_base, s_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED)
-                if GATED:
-                    acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED)
-                    vb, vs = _load_packed(
-                        v_base, vs_base, n, n_mask, k_next, K_SIZE, BLOCK_K, EVEN, not SCALED
-                    )
+            acc, acc_v = _prefetched_dots(
+                a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask, K_SIZE,
+                GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN,
+            )  # fmt: skip
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
