@@ -183,7 +183,7 @@ def test_draft_after_prefill(nemo, runner: DSparkRunner, length: int) -> None:  
     try:
         _compare(nemo, runner, ids, debug, rid)
     finally:
-        runner.free_slots.append(runner.requests.pop(rid).slot)
+        runner.release(rid)
 
 
 def _split(debug: dict[str, torch.Tensor], lengths: list[int]) -> list[dict[str, torch.Tensor]]:

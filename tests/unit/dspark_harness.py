@@ -90,6 +90,10 @@ class DSparkRunner:
     def add(self, rid: int) -> None:
         self.requests[rid] = self.pool.open()
 
+    def release(self, rid: int) -> None:
+        """Close the request: its slot and pages go back to the pool for the next test."""
+        self.pool.close(self.requests.pop(rid))
+
     def step_inputs(self, chunks: Sequence[tuple[int, Sequence[int]]]) -> dict[str, torch.Tensor]:
         """The inputs of a step over (request id, new token ids) chunks, every row's logits wanted (the
         runtime's one step-input builder)."""
