@@ -1,6 +1,7 @@
 """The README's first two commands on a fresh clone: `bin/dsgraph generate` (the main job on the embedded
 model) and `bin/test` (what .ci/run runs). The fast test reuses this suite's environment
-(DSGRAPH_VENV); the slow one lets them create the clone's own environment, as on a new machine."""
+(DSGRAPH_VENV); the slow one lets them create the clone's own environment, as on a new machine
+(dsgraph's caches empty; pip's wheel cache kept: what .ci/setup downloaded is not downloaded again)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,17 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int) -> subpro
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _pip_cache() -> str:
+    """This machine's pip cache (where .ci/setup left the wheels it downloaded)."""
+    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return os.environ.get("PIP_CACHE_DIR") or str(Path(home) / "pip")
+
+
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    # dsgraph's own caches start empty; pip keeps its wheel cache, so the new environment is still
+    # created and installed from scratch but does not download again what this machine already has
     env = {k: v for k, v in os.environ.items() if k != "DSGRAPH_VENV"}
-    return env | {"XDG_CACHE_HOME": str(tmp_path / "cache"), **extra}
+    return env | {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PIP_CACHE_DIR": _pip_cache(), **extra}
 
 
 def test_the_readme_starts_with_the_two_commands() -> None:
