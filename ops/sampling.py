@@ -24,6 +24,15 @@ The draw depends on the row's own seed and position only (never on the batch or 
 with mix64 SplitMix64's finaliser (Steele, Lea, Flood 2014): z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
 z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31. For stream 0 and position p, z is output number
 p + 1 of a SplitMix64 generator seeded with `seed`.
+
+The static param `processing` lets a caller that knows its rows' params skip steps that cannot change
+any row's result (the outputs are the same bits as "full" for the rows it admits; on other rows they are
+undefined):
+    "full"         every step, for any rows;
+    "untruncated"  skips steps 3-5: for rows where each is greedy, or has top_k off (< 1 or >= V),
+                   top_p >= 1 and min_p <= 0 (as the f32/i32 operands hold them), each step keeps all
+                   the finite tokens, which is what is kept without them;
+    "greedy"       also skips the draw (step 6): for rows that are all greedy, which take rank 0.
 """
 
 from __future__ import annotations
@@ -33,12 +42,14 @@ from dsgraph.graph.types import TensorType
 from dsgraph.ops import rules as R
 from dsgraph.ops.cache import require_index
 
-__all__ = ["GREEDY_BELOW", "MAX_STREAM", "SampleParams", "mask_words", "sample"]
+__all__ = ["GREEDY_BELOW", "MAX_STREAM", "PROCESSING", "SampleParams", "mask_words", "sample"]
 
 # Temperatures below this sample greedily: logits / 1e-5 already make the draw an argmax in all but exact
 # ties, and DeepInfer uses the same threshold (deepinfer-parity 1.5).
 GREEDY_BELOW = 1e-5
 MAX_STREAM = 3
+# The `processing` variants (module doc), from the one that does everything to the one that does least.
+PROCESSING = ("full", "untruncated", "greedy")
 
 
 def mask_words(vocab_size: int) -> int:
@@ -50,6 +61,7 @@ def mask_words(vocab_size: int) -> int:
 class SampleParams:
     num_top_logprobs: int = 0
     stream: int = 0
+    processing: str = "full"
 
 
 def require_logits(logits: TensorType) -> tuple[object, int]:
@@ -83,6 +95,8 @@ def _sample_rule(p: SampleParams, ts: tuple[TensorType, ...]) -> tuple[TensorTyp
         raise ShapeError(f"param num_top_logprobs is {k!r}, expected 0..{vocab} (the vocabulary)")
     if isinstance(p.stream, bool) or not isinstance(p.stream, int) or not 0 <= p.stream <= MAX_STREAM:
         raise ShapeError(f"param stream is {p.stream!r}, expected 0..{MAX_STREAM}")
+    if p.processing not in PROCESSING:
+        raise ShapeError(f"param processing is {p.processing!r}, expected one of {PROCESSING}")
     return (
         TensorType((outs,), "i32"),
         TensorType((outs,), "f32"),
@@ -103,5 +117,7 @@ sample = declare_op(
     "SplitMix64 (module doc). logprob is the chosen token's log-probability under the processed "
     "distribution; top_ids are the first K tokens of the stable descending order of the masked, scaled "
     "logits, top_logprobs their processed log-probabilities (-inf for tokens cut by top-k/p/min-p). A row "
-    "whose bitmask allows no finite logit gives token -1, logprob -inf and top_ids -1.",
+    "whose bitmask allows no finite logit gives token -1, logprob -inf and top_ids -1. processing "
+    '("full", "untruncated": no row truncates, "greedy": every row is greedy) skips what cannot change '
+    "the rows it admits (module doc).",
 )

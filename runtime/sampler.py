@@ -5,7 +5,11 @@ output, runtime/structured/): steps without one run the programs without the mas
 
 Sampling runs on the platform of the logits (the session's: `platform`, or by default the platform of
 the logits' device), through that platform's bucketed runner, eagerly: rows are not padded, so a
-program exists per row count and none is captured."""
+program exists per row count and none is captured.
+
+Each call picks the `sample` op's `processing` variant (ops/sampling.py) from its rows' params on the
+host (`processing_for`): steps that cannot change any row's result are not run, with the same bits as
+the full processing, and each variant has its own graph and programs."""
 
 from __future__ import annotations
 
@@ -18,12 +22,40 @@ import torch
 from dsgraph.graph import Graph, TensorType, make_graph
 from dsgraph.graph.passes import specialize
 from dsgraph.ops import op
-from dsgraph.ops.sampling import mask_words
+from dsgraph.ops.sampling import GREEDY_BELOW, PROCESSING, mask_words
 from dsgraph.platform.registry import BucketRunner, Platform, Program, lower, make_runner, platform_of
 from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.sampling_params import SamplingParams
 
-GRAPHS = ("sample", "spec_verify", "sample_masked", "spec_verify_masked")
+
+def sample_graph_name(masked: bool, processing: str) -> str:
+    """The name of the `sample` graph of a processing variant, with or without the bitmask operand."""
+    base = "sample_masked" if masked else "sample"
+    return base if processing == "full" else f"{base}_{processing}"
+
+
+GRAPHS = (
+    "sample",
+    "spec_verify",
+    "sample_masked",
+    "spec_verify_masked",
+    *(sample_graph_name(masked, p) for masked in (False, True) for p in PROCESSING if p != "full"),
+)
+
+
+def processing_for(rows: Sequence[torch.Tensor], vocab_size: int) -> str:
+    """The `sample` op's processing for rows (temperature, top_p, top_k, min_p as the op's f32/i32
+    operands hold them, on the host, so that rounding to f32 is decided as the op sees it): "greedy" when
+    every row is greedy, "untruncated" when each row is greedy or has top_k off, top_p >= 1 and
+    min_p <= 0, else "full". The comparisons are the op rule's own (platform/cpu/rules_sampling.py)."""
+    temperature, top_p, top_k, min_p = rows[:4]
+    greedy = temperature < GREEDY_BELOW
+    if bool(greedy.all()):
+        return "greedy"
+    k = top_k.long()
+    k_off = (k < 1) | (k >= vocab_size)
+    untruncated = greedy | (k_off & (top_p.double() >= 1.0) & (min_p.double() <= 0.0))
+    return "untruncated" if bool(untruncated.all()) else "full"
 
 
 @dataclass(frozen=True)
@@ -43,18 +75,18 @@ class Sampler:
         *,
         platform: str | Platform | None = None,
     ) -> None:
-        """`graphs`: the four sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing.
+        """`graphs`: the sampling graphs by name (GRAPHS) as a bundle stores them, instead of tracing;
+        names it lacks (a bundle written before the processing variants) are traced, as without one.
         `platform`: where sampling runs (None: the platform of each call's logits' device)."""
         self.vocab, self.k, self.platform = vocab_size, num_top_logprobs, platform
         self.runners: dict[tuple[str, torch.device], BucketRunner] = {}
-        traced = self._trace(vocab_size) if graphs is None else graphs
+        given = dict(graphs or {})
+        traced = self._trace(vocab_size) if any(n not in given for n in GRAPHS) else {}
+        self.graphs: dict[str, Graph] = {n: given[n] if n in given else traced[n] for n in GRAPHS}
         self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (
-            traced[n] for n in GRAPHS
+            self.graphs[n] for n in GRAPHS[:4]
         )
-        self.programs: dict[tuple[str, int], Program] = {}  # (platform, rows) -> program
-        self.verify_programs: dict[tuple[str, tuple[int, int]], Program] = {}
-        self.masked_programs: dict[tuple[str, int], Program] = {}
-        self.masked_verify_programs: dict[tuple[str, tuple[int, int]], Program] = {}
+        self.programs: dict[tuple[str, str, Any], Program] = {}  # (graph, platform, shape key) -> program
 
     def _trace(self, vocab_size: int) -> dict[str, Graph]:
         logits = TensorType(("outs", vocab_size), "f32")
@@ -62,21 +94,34 @@ class Sampler:
         verify_in = [logits, TensorType(("outs",), "i32"), logits, *row, *[TensorType(("seqs",), "i32")] * 2]
         # both again with the allowed-token bitmask as their last operand (structured output)
         allowed = TensorType(("outs", mask_words(vocab_size)), "i32")
-        return {
-            "sample": make_graph(self._fn, logits, *row, name="sample"),
+        out = {
             "spec_verify": make_graph(self._verify_fn, *verify_in, name="spec_verify"),
-            "sample_masked": make_graph(self._masked_fn, logits, *row, allowed, name="sample_masked"),
             "spec_verify_masked": make_graph(self._verify_fn, *verify_in, allowed, name="spec_verify_masked"),
         }
+        for processing in PROCESSING:
+            for masked in (False, True):
+                name = sample_graph_name(masked, processing)
+                operands = [logits, *row, *([allowed] if masked else [])]
+                out[name] = make_graph(self._sample_fn(processing), *operands, name=name)
+        return out
 
-    def _fn(self, logits, temperature, top_p, top_k, min_p, seed, position, *allowed):  # type: ignore[no-untyped-def]
-        token, logprob, top_lp, top_ids = op.sample(
-            logits, temperature, top_p, top_k, min_p, seed, position, *allowed, num_top_logprobs=self.k
-        )
-        return {"token": token, "logprob": logprob, "top_logprobs": top_lp, "top_ids": top_ids}
+    def _sample_fn(self, processing: str) -> Any:
+        def fn(logits, temperature, top_p, top_k, min_p, seed, position, *allowed):  # type: ignore[no-untyped-def]
+            token, logprob, top_lp, top_ids = op.sample(
+                logits,
+                temperature,
+                top_p,
+                top_k,
+                min_p,
+                seed,
+                position,
+                *allowed,
+                num_top_logprobs=self.k,
+                processing=processing,
+            )
+            return {"token": token, "logprob": logprob, "top_logprobs": top_lp, "top_ids": top_ids}
 
-    def _masked_fn(self, logits, temperature, top_p, top_k, min_p, seed, position, allowed):  # type: ignore[no-untyped-def]
-        return self._fn(logits, temperature, top_p, top_k, min_p, seed, position, allowed)
+        return fn
 
     def _verify_fn(self, *operands: Any) -> dict[str, Any]:
         """Operands in `spec_verify` order (logits, draft, draft_logprobs, row params, starts, lengths)."""
@@ -110,9 +155,7 @@ class Sampler:
         holds the draft of the next row (`draft_tokens[i]`, drawn from `draft_logprobs[i]`), is decided
         with params[i], seeds[i] at positions[i]; sequence s owns rows verify_start[s] + 0..len-1."""
         n, seqs = logits.shape[0], verify_start.shape[0]
-        graph, programs = self.verify_graph, self.verify_programs
-        if allowed is not None:
-            graph, programs = self.masked_verify_graph, self.masked_verify_programs
+        graph = self.verify_graph if allowed is None else self.masked_verify_graph
         args = [
             logits.float(),
             draft_tokens.to(torch.int32),
@@ -122,7 +165,7 @@ class Sampler:
         args += [positions.to(torch.int32), verify_start.to(torch.int32), verify_len.to(torch.int32)]
         args += [] if allowed is None else [allowed]
         args = [a.to(logits.device) for a in args]  # sampling runs where the logits are
-        out = self._run(graph, programs, (n, seqs), {"outs": n, "seqs": seqs}, args)
+        out = self._run(graph, (n, seqs), {"outs": n, "seqs": seqs}, args)
         # decided on the device; the small results come back to the host in one go per step
         return out["num_accepted"].cpu(), out["token"].cpu(), out["logprob"].cpu()
 
@@ -139,22 +182,19 @@ class Sampler:
         """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i], among
         the tokens row i of `allowed` (i32 [rows, ceil(V/32)]) allows. With `to_host` False the samples
         stay where the logits are (`SampleCopies` brings them back)."""
-        args = [logits.float(), *self._rows(params, seeds), positions.to(torch.int32)]
+        rows = self._rows(params, seeds)
+        graph = self.graphs[sample_graph_name(allowed is not None, processing_for(rows, self.vocab))]
+        args = [logits.float(), *rows, positions.to(torch.int32)]
         args += [] if allowed is None else [allowed]
         # sampling runs where the logits are; host-to-device copies of pageable memory do not wait
         args = [a.to(logits.device, non_blocking=True) for a in args]
         n = logits.shape[0]
-        graph, programs = (
-            (self.graph, self.programs) if allowed is None else (self.masked_graph, self.masked_programs)
-        )
-        out = self._run(graph, programs, n, {"outs": n}, args)
+        out = self._run(graph, n, {"outs": n}, args)
         s = Samples(*(out[k] for k in ("token", "logprob", "top_logprobs", "top_ids")))
         # the small results come back to the host (detokenization, scheduling)
         return _to_host(s) if to_host else s
 
-    def _run(
-        self, graph: Graph, programs: dict[Any, Program], key: Any, sizes: dict[str, int], args: list[Any]
-    ) -> dict[str, torch.Tensor]:
+    def _run(self, graph: Graph, key: Any, sizes: dict[str, int], args: list[Any]) -> dict[str, torch.Tensor]:
         """`graph` specialized to `sizes` (lowered once per key) run on the logits' platform."""
         device = args[0].device
         platform = platform_of(device) if self.platform is None else self.platform
@@ -163,9 +203,10 @@ class Sampler:
             self.runners[(name, device)] = make_runner(platform, device, replay_table())
 
         def lowered() -> Program:
-            if (name, key) not in programs:
-                programs[(name, key)] = lower(specialize(graph, sizes), platform)
-            return programs[(name, key)]
+            at = (graph.name, name, key)
+            if at not in self.programs:
+                self.programs[at] = lower(specialize(graph, sizes), platform)
+            return self.programs[at]
 
         inputs = dict(zip(graph.input_names, args, strict=True))
         return self.runners[(name, device)].run((graph.name, key), lowered, {}, inputs)

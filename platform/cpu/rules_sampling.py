@@ -112,13 +112,28 @@ class Processed:
     finite: Tensor  # [outs] i64: tokens with a finite masked logit (0: the row is dead)
 
 
-def process(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, min_p: Tensor) -> Processed:
-    """Temperature, top-k, top-p, min-p of rows whose masked tokens already hold -inf (module doc)."""
+def process(
+    logits: Tensor,
+    temperature: Tensor,
+    top_p: Tensor,
+    top_k: Tensor,
+    min_p: Tensor,
+    processing: str = "full",
+) -> Processed:
+    """Temperature, top-k, top-p, min-p of rows whose masked tokens already hold -inf (module doc).
+
+    `processing` other than "full" promises rows that do not truncate (ops/sampling.py): on those,
+    `_truncate` keeps every finite token (top-k off keeps min(finite, V); top_p >= 1 keeps all; min_p <= 0
+    keeps all of a live row, whose probabilities are >= 0 >= min_p * the highest, and none of a dead
+    row, whose NaN probabilities compare False, which is its finite count 0), so it is skipped."""
     greedy = temperature < GREEDY_BELOW
     scores = logits.double() / torch.where(greedy, 1.0, temperature.double()).unsqueeze(-1)
     scores, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     finite = (scores > _NEG_INF).sum(-1)
-    kept = torch.where(greedy, finite, _truncate(scores, finite, top_k, top_p, min_p))
+    if processing == "full":
+        kept = torch.where(greedy, finite, _truncate(scores, finite, top_k, top_p, min_p))
+    else:
+        kept = finite
     log_probs = torch.log_softmax(_prefix(scores, kept), dim=-1)
     return Processed(log_probs, order, kept, greedy, finite)
 
@@ -132,9 +147,12 @@ def _sample_rows(
     p: Any, logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, min_p: Tensor, u: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The op on a chunk of rows whose masked tokens already hold -inf; `u` their uniforms."""
-    d = process(logits, temperature, top_p, top_k, min_p)
+    d = process(logits, temperature, top_p, top_k, min_p, p.processing)
     log_probs, order, finite = d.log_probs, d.order, d.finite
-    rank = draw_rank(d, u)
+    # "greedy" promises greedy rows only, whose rank draw_rank sets to 0 whatever the draw gives
+    rank = (
+        torch.zeros_like(u, dtype=torch.long).unsqueeze(-1) if p.processing == "greedy" else draw_rank(d, u)
+    )
     token = order.gather(-1, rank).squeeze(-1)
     logprob = log_probs.gather(-1, rank).squeeze(-1)
     top_logprobs = log_probs[:, : p.num_top_logprobs]

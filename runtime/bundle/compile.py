@@ -113,13 +113,7 @@ def _graphs(root: Path, engine: Any, kinds: set[str]) -> list[str]:
         store.write_graph(root, store.symbolic_path("truncated"), session._graph(True))
     if "draft" in kinds:
         store.write_graph(root, store.symbolic_path("draft"), engine.spec.drafter.graph)
-    sampler = engine.sampler
-    named = {
-        "sample": sampler.graph,
-        "spec_verify": sampler.verify_graph,
-        "sample_masked": sampler.masked_graph,
-        "spec_verify_masked": sampler.masked_verify_graph,
-    }
+    named = engine.sampler.graphs  # every graph of GRAPHS, so that a bundle start traces none
     for name, graph in named.items():
         store.write_graph(root, store.symbolic_path(f"sampler/{name}"), graph)
     return list(named)
