@@ -488,3 +488,15 @@ def test_plan_at_real_widths_on_gpu(rows: int) -> None:
     assert (got["tile_expert"][real:] == num_experts).all()
     assert torch.equal(got["tile_start"][:real].long(), first)
     assert torch.equal(got["tile_end"][:real].long(), (starts + counts)[expert])
+
+
+@pytest.mark.parametrize(
+    "tiles",
+    [dict(block_w=64, num_warps=4), dict(block_w=128, num_warps=2), dict(scaled=True)],
+)
+def test_swap_tiles_refuse_an_asm_upcast_outside_its_layout(tiles: dict[str, Any]) -> None:
+    """The inline-PTX upcast is right only on the register layout it was checked on (moe.SwapTiles)."""
+    given = dict(block_w=64, block_t=16, block_k=64, num_warps=2, num_stages=3, asm=True) | tiles
+    with pytest.raises(ValueError, match="moe swap tiles"):
+        cuda_moe.SwapTiles(**given)
+    cuda_moe.SwapTiles(**(given | dict(block_w=64, num_warps=2, scaled=False)))  # the default's layout

@@ -229,23 +229,20 @@ def _rejoins_and_serves(cluster: Cluster, engine: EngineProcess) -> None:
     assert _admitted(engine) - before >= 3  # it decodes its share again
 
 
-async def _generated(engine: EngineProcess) -> float:
-    """Tokens the engine streamed (its own /metrics)."""
-    return (await asyncio.to_thread(scrape, engine.url)).get("dsgraph_generation_tokens_total", 0.0)
-
-
 async def _when_decoding(engine: EngineProcess, at_least: int) -> None:
-    """Returns once `engine` (a completion server) has `at_least` requests running and has streamed
-    `at_least` tokens since. Admitted requests alone are not enough: on a loaded machine they may still
-    wait for their KV, and a router resends a request that streamed nothing, so a kill then would hit
-    no stream in progress."""
+    """Returns once `engine` (a completion server) has `at_least` requests running (their KV imported)
+    and its KV count (prompts plus generated tokens) has grown by `at_least` since: it decodes them.
+    Admitted requests alone are not enough: on a loaded machine they may still wait for their KV, and a
+    router resends a request that streamed nothing, so a kill then would hit no stream in progress."""
     deadline = time.time() + 60
     start = None
     async with httpx.AsyncClient() as client:
-        while start is None or await _generated(engine) < start + at_least:
+        while True:
             load = (await client.get(f"{engine.url}/load")).json()
             if start is None and int(load["running"]) >= at_least:
-                start = await _generated(engine)
+                start = int(load["kv_tokens"])
+            if start is not None and int(load["kv_tokens"]) >= start + at_least:
+                return
             assert time.time() < deadline, f"the load never reached {engine.url}: {load}"
             await asyncio.sleep(0.005)
 

@@ -71,6 +71,11 @@ class SwapTiles:
     def __post_init__(self) -> None:
         if self.scaled and self.asm:
             raise ValueError(f"moe swap tiles {self}: scaled and asm both set, expected one upcast")
+        # the PTX applies one scale to the four bytes Triton packs into a call, right only where they
+        # share a 32-code group, which depends on the register layout Triton picks: it holds for 64
+        # weight rows on 2 warps (tests/cuda/test_moe.py checks the bits on a GPU), not on 4 warps
+        if self.asm and (self.block_w, self.num_warps) != (64, 2):
+            raise ValueError(f"moe swap tiles {self}: asm needs block_w 64 and num_warps 2")
 
 
 # (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one taking every
@@ -80,10 +85,10 @@ class SwapTiles:
 SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
 _BIG = 1 << 62
 # Decode streams each touched expert's weights once: 16 sorted rows per tile, two warps per 64 weight
-# rows, tl.dot_scaled doing the upcast. Prefill is compute bound: larger tiles, where the kernel's own
-# dequantization beats dot_scaled's.
+# rows, the inline-PTX upcast (fewer instructions per code than dot_scaled's, the same bits). Prefill is
+# compute bound: larger tiles, where the kernel's own dequantization beats dot_scaled's.
 SWAP_BUCKETS: SwapBuckets = (
-    (512, SwapTiles(64, 16, 64, 2, 3, scaled=True), SwapTiles(64, 16, 64, 2, 3, scaled=True)),
+    (512, SwapTiles(64, 16, 64, 2, 3, asm=True), SwapTiles(64, 16, 64, 2, 3, asm=True)),
     (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3)),
 )
 
