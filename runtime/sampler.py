@@ -83,9 +83,6 @@ class Sampler:
         given = dict(graphs or {})
         traced = self._trace(vocab_size) if any(n not in given for n in GRAPHS) else {}
         self.graphs: dict[str, Graph] = {n: given[n] if n in given else traced[n] for n in GRAPHS}
-        self.graph, self.verify_graph, self.masked_graph, self.masked_verify_graph = (
-            self.graphs[n] for n in GRAPHS[:4]
-        )
         self.programs: dict[tuple[str, str, Any], Program] = {}  # (graph, platform, shape key) -> program
 
     def _trace(self, vocab_size: int) -> dict[str, Graph]:
@@ -155,7 +152,7 @@ class Sampler:
         holds the draft of the next row (`draft_tokens[i]`, drawn from `draft_logprobs[i]`), is decided
         with params[i], seeds[i] at positions[i]; sequence s owns rows verify_start[s] + 0..len-1."""
         n, seqs = logits.shape[0], verify_start.shape[0]
-        graph = self.verify_graph if allowed is None else self.masked_verify_graph
+        graph = self.graphs["spec_verify" if allowed is None else "spec_verify_masked"]
         args = [
             logits.float(),
             draft_tokens.to(torch.int32),

@@ -69,7 +69,7 @@ def _sampler_graphs() -> tuple[Graph, Graph]:
     from dsgraph.runtime.sampler import Sampler
 
     sampler = Sampler(_model(False)[0].cfg.text.vocab_size)
-    return sampler.graph, sampler.verify_graph
+    return sampler.graphs["sample"], sampler.graphs["spec_verify"]
 
 
 def _cache_sizes() -> dict[str, int]:
