@@ -490,13 +490,46 @@ def test_plan_at_real_widths_on_gpu(rows: int) -> None:
     assert torch.equal(got["tile_end"][:real].long(), (starts + counts)[expert])
 
 
-@pytest.mark.parametrize(
-    "tiles",
-    [dict(block_w=64, num_warps=4), dict(block_w=128, num_warps=2), dict(scaled=True)],
-)
-def test_swap_tiles_refuse_an_asm_upcast_outside_its_layout(tiles: dict[str, Any]) -> None:
-    """The inline-PTX upcast is right only on the register layout it was checked on (moe.SwapTiles)."""
+@pytest.mark.parametrize("tiles", [dict(scaled=True), dict(block_w=32, num_warps=1)])
+def test_swap_tiles_refuse_an_asm_upcast_they_cannot_run(tiles: dict[str, Any]) -> None:
     given = dict(block_w=64, block_t=16, block_k=64, num_warps=2, num_stages=3, asm=True) | tiles
     with pytest.raises(ValueError, match="moe swap tiles"):
         cuda_moe.SwapTiles(**given)
-    cuda_moe.SwapTiles(**(given | dict(block_w=64, num_warps=2, scaled=False)))  # the default's layout
+
+
+def _extreme_scales(ws: tuple[torch.Tensor, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """ws with about 1 in 16 scale bytes set to 0 (2^-127, subnormal in BF16) or 1, and expert 0's with
+    254 (2^127: infinities) or 255 (NaN) too: rows routed elsewhere stay finite."""
+    out = list(ws)
+    for i in (3, 4, 5):
+        s = ws[i].view(torch.uint8).clone()
+        pick = torch.randint(0, 32, s.shape, generator=gen)
+        for code, byte in enumerate((0, 1)):
+            s[pick == code] = byte
+        s[0][pick[0] == 2] = 254
+        s[0][pick[0] == 3] = 255
+        out[i] = s.view(ws[i].dtype)
+    return tuple(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [(64, 2), (64, 4), (128, 4), (128, 8)])
+def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[int, int]) -> None:
+    """The inline-PTX upcast gives each packed byte its own scale, so its bits may not depend on how
+    Triton lays the bytes out over the threads: every (weight rows, warps) layout must match the kernel's
+    own word-wise dequantization bit for bit (NaN where it has NaN), extreme scale bytes included."""
+    block_w, warps = layout
+    asm = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3, asm=True)
+    ref = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3)
+    gen = torch.Generator().manual_seed(block_w + warps)
+    rows, hidden, inter, num_experts, k = 24, 256, 192, 6, 3
+    p = _mxfp4_params(7.0, gemm_out_dtype="bf16")
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    ids, weights = _routing(rows, num_experts, k, gen)
+    ws = _expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen)
+    for case in (ws, _extreme_scales(ws, gen)):
+        args = _dev((x, ids, weights, *case))
+        got = MOE_EXPERTS(p, *args, swap=((1 << 62, asm, asm),))
+        want = MOE_EXPERTS(p, *args, swap=((1 << 62, ref, ref),))
+        assert got.isfinite().any(), "the case must test finite values too"
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

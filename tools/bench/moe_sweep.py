@@ -32,6 +32,7 @@ from dsgraph.platform.cpu.step_rows import rowwise_linear
 from dsgraph.platform.cuda.kernels import moe as cuda_moe
 from dsgraph.platform.cuda.kernels.moe import SWAP_BUCKETS, SwapBuckets, SwapTiles
 from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps, fp8_gemm_tflops
+from dsgraph.tools.bench.run import environment
 from dsgraph.tools.bench.timing import graph_time_ms
 
 HIDDEN, INTER, EXPERTS, TOPK = 5120, 2304, 384, 6
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None, extra: Mapping[str, SwapBuckets] | None 
     same_as = (args.same_bits_as, table[args.same_bits_as]) if args.same_bits_as else None
     cases = [c for rows in args.rows for c in sweep_rows(rows, ws, cal, variants, same_as)]
     result = dict(
-        gpu=torch.cuda.get_device_name(),
+        **environment(),
         shape=dict(hidden=HIDDEN, inter=INTER, experts=EXPERTS, topk=TOPK, expert_bytes=expert_bytes()),
         params=vars(PARAMS),
         calibration=cal,

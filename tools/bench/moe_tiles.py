@@ -57,7 +57,9 @@ ASM = {  # decode tiles (both GEMMs) with the inline-PTX E2M1 upcast (moe_swap_t
     for t in (
         T(64, 16, 64, 2, 3, asm=True),
         T(64, 16, 64, 2, 4, asm=True),
-    )  # 4 warps gave wrong results (one scale per packed call: SwapTiles refuses them)
+        T(64, 16, 64, 4, 3, asm=True),  # wgmma: right, but not the bits of mma.sync's 2-warp tiles
+        T(128, 16, 64, 4, 3, asm=True),
+    )
 }
 PREFILL = {  # (gated tiles, down tiles)
     "p_ds_128x128_k64": (T(128, 64, 64, 8, 3, True), T(128, 128, 64, 8, 3, True)),

@@ -14,8 +14,8 @@
   moe_swap_tl.py instead (weight rows on the dot's M side, BF16 dots of exact products over BLOCK_K
   columns), with tiles chosen by the step's row bucket (SWAP_BUCKETS; BLOCK_T 16 at decode); an extra
   launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
-  one's. The decode tiles hand the packed weights to tl.dot_scaled (SwapTiles.scaled: Triton's upcast,
-  the same BF16 values and dots); the prefill tiles dequantize in the kernel.
+  one's. The decode tiles upcast the packed weights with inline PTX (SwapTiles.asm: the same BF16 values
+  as tl.dot_scaled's upcast, fewer instructions); the prefill tiles dequantize in the kernel.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -71,11 +71,10 @@ class SwapTiles:
     def __post_init__(self) -> None:
         if self.scaled and self.asm:
             raise ValueError(f"moe swap tiles {self}: scaled and asm both set, expected one upcast")
-        # the PTX applies one scale to the four bytes Triton packs into a call, right only where they
-        # share a 32-code group, which depends on the register layout Triton picks: it holds for 64
-        # weight rows on 2 warps (tests/cuda/test_moe.py checks the bits on a GPU), not on 4 warps
-        if self.asm and (self.block_w, self.num_warps) != (64, 2):
-            raise ValueError(f"moe swap tiles {self}: asm needs block_w 64 and num_warps 2")
+        # on one warp (32 weight rows) the PTX's bits differed from the dequantization's on the H200
+        # (tests/cuda/test_moe.py), cause not found; the layouts of 2 to 8 warps matched
+        if self.asm and self.num_warps < 2:
+            raise ValueError(f"moe swap tiles {self}: asm needs num_warps >= 2")
 
 
 # (most step rows, gated tiles, down tiles) buckets in increasing row order, the last one taking every

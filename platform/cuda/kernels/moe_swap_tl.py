@@ -112,43 +112,42 @@ def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl
     return w
 
 
-# Eight E2M1 codes (four bytes, $4) and their scale as a BF16x2 pair 2^(s-127) ($5; $6..$8 the same)
-# -> eight BF16 values: $0, $1 the low nibbles of bytes 0..3 (two per register), $2, $3 the high ones. A
-# code's bits placed with one multiply (two copies of the masked code: magnitude at bits 6..8, sign at 15,
-# per half) form a BF16 of value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals); x 2^126
-# then x 2^(s-127), each exact.
-def _e2m1_bf16x2_asm() -> str:
-    """The PTX of _E2M1_BF16X2_ASM: one 5-instruction block per output register (source, nibble mask,
-    the multiplier placing the masked code's two copies)."""
-    lines = ["{", ".reg .b32 x01, x23, t, c;", "mov.b32 c, 0x7E807E80;"]
-    lines += ["prmt.b32 x01, $4, 0, 0x4140;", "prmt.b32 x23, $4, 0, 0x4342;"]
-    blocks = (("x01", "0x000F000F", "0x1040"), ("x23", "0x000F000F", "0x1040"))
-    blocks += (("x01", "0x00F000F0", "0x104"), ("x23", "0x00F000F0", "0x104"))
-    for out, (src, mask, factor) in enumerate(blocks):
-        lines += [f"and.b32 t, {src}, {mask};", f"mul.lo.u32 t, t, {factor};", "and.b32 t, t, 0x81C081C0;"]
-        lines += ["mul.rn.bf16x2 t, t, c;", f"mul.rn.bf16x2 ${out}, t, $5;"]
+# Four E2M1 bytes ($4) and each byte's scale 2^(s-127) as a BF16x2 pair ($5..$8, byte i's in $5+i) ->
+# per byte i the BF16x2 register $i of (low nibble's value, high nibble's value), the pair of consecutive
+# columns the dot's operand register holds, so nothing repacks them. Which 32-code group a packed byte
+# belongs to depends on the register layout Triton picks, so every byte takes its own scale. The word
+# shifted by 4 holds each byte's low nibble where the plain byte holds its high one (bits 4..7): one PRMT
+# takes byte i shifted into the low half and plain into the high half, and a mask, one multiply (by 0x104:
+# two copies of each masked nibble, magnitude at bits 6..8 and sign at 15 of its half) and a mask form two
+# BF16s of value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals); x 2^126 then x 2^(s-127),
+# each exact.
+def _e2m1_pairs_asm() -> str:
+    """The PTX of _E2M1_PAIRS_ASM: a shift, then one 6-instruction block per byte."""
+    lines = ["{", ".reg .b32 u, t, c;", "mov.b32 c, 0x7E807E80;", "shl.b32 u, $4, 4;"]
+    for i in range(4):
+        lines += [f"prmt.b32 t, u, $4, 0x{4 + i}{4 + i}{i}{i};", "and.b32 t, t, 0x00F000F0;"]
+        lines += ["mul.lo.u32 t, t, 0x104;", "and.b32 t, t, 0x81C081C0;"]
+        lines += ["mul.rn.bf16x2 t, t, c;", f"mul.rn.bf16x2 ${i}, t, ${5 + i};"]
     return "\n".join([*lines, "}"])
 
 
-_E2M1_BF16X2_ASM = tl.constexpr(_e2m1_bf16x2_asm())
+_E2M1_PAIRS_ASM = tl.constexpr(_e2m1_pairs_asm())
 
 
 @triton.jit
 def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed bytes [BLOCK_W, BLOCK_K // 2] and UE8M0 scales [BLOCK_W, BLOCK_K // 32] -> [BLOCK_W, BLOCK_K]
-    BF16 through _E2M1_BF16X2_ASM (four bytes of one scale group per call)."""
+    BF16 through _E2M1_PAIRS_ASM (four bytes and their four scales per call)."""
     s = s.to(tl.int32) & 0xFF
     # 2^(s-127) twice as BF16 bits: exponent field s, except byte 0 (2^-127, a subnormal) and 255 (NaN)
     f = tl.where(s == 0, 0x00400040, tl.where(s == 255, 0x7FC07FC0, s * 0x00800080))
     f = tl.reshape(tl.broadcast_to(f[:, :, None], (BLOCK_W, BLOCK_K // 32, 16)), (BLOCK_W, BLOCK_K // 2))
-    lo, hi = tl.inline_asm_elementwise(
-        _E2M1_BF16X2_ASM,
-        "=r,=r,=r,=r,r,r,r,r,r",
-        [b, f],
-        dtype=(tl.bfloat16, tl.bfloat16),
-        is_pure=True,
-        pack=4,
+    pairs = tl.inline_asm_elementwise(
+        _E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
     )
+    # the halves of one register: the compiler hands the register to the dot as it is
+    lo = (pairs & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     return tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
 
 
