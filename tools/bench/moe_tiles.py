@@ -52,14 +52,14 @@ DEQUANT = {  # decode tiles (both GEMMs) without dot_scaled: the word-wise dequa
         T(32, 16, 64, 1, 4),
     )
 }
-ASM = {  # decode tiles (both GEMMs) with the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm)
-    f"asm_{t.block_w}_w{t.num_warps}s{t.num_stages}": t
+ASM = {  # decode tiles (both GEMMs) with the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm), and
+    # dot_scaled's at the same tiles (the same bits through Triton's upcast: a same-run reference)
+    f"{'asm' if t.asm else 'ds'}_{t.block_w}_w{t.num_warps}s{t.num_stages}": t
     for t in (
         T(64, 16, 64, 2, 3, asm=True),
         T(64, 16, 64, 2, 4, asm=True),
-        T(64, 16, 64, 4, 3, asm=True),  # wgmma: right, but not the bits of mma.sync's 2-warp tiles
-        T(128, 16, 64, 4, 3, asm=True),
-    )
+        T(64, 16, 64, 2, 3, scaled=True),
+    )  # the 4-warp tiles (wgmma) are right but not the bits of these and slower
 }
 PREFILL = {  # (gated tiles, down tiles)
     "p_ds_128x128_k64": (T(128, 64, 64, 8, 3, True), T(128, 128, 64, 8, 3, True)),
