@@ -499,7 +499,7 @@ def test_swap_tiles_refuse_an_asm_upcast_they_cannot_run(tiles: dict[str, Any]) 
 
 def _extreme_scales(ws: tuple[torch.Tensor, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
     """ws with about 1 in 16 scale bytes set to 0 (2^-127, subnormal in BF16) or 1, expert 1's with 140
-    (2^13: above 128 the PTX takes its two-multiply path) and expert 0's with 254 (2^127: infinities) or
+    (2^13: large but finite) and expert 0's with 254 (2^127: infinities) or
     255 (NaN) too: rows routed elsewhere stay finite."""
     out = list(ws)
     for i in (3, 4, 5):
