@@ -27,7 +27,7 @@ GROUP_SIZES: dict[str, int] = {
 FORMATS = tuple(GROUP_SIZES)
 ACTIVATION_DTYPES = ("f32", "bf16", "f16")
 
-__all__ = ["FORMATS", "GROUP_SIZES", "act_qdq", "cache_decode", "cache_encode", "entry_bytes"]
+__all__ = ["FORMATS", "GROUP_SIZES", "SAME_DTYPE", "act_qdq", "cache_decode", "cache_encode", "entry_bytes"]
 
 
 def entry_bytes(fmt: str, width: int) -> int:
@@ -67,18 +67,37 @@ class QdqParams:
     fmt: str
 
 
-def _act_qdq_rule(p: QdqParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+SAME_DTYPE = "same"  # act_qdq's out_dtype that keeps x's dtype
+
+
+@params
+class ActQdqParams:
+    fmt: str
+    # The dtype the dequantized values are stored in. A GEMM input quantized once for several linears is
+    # stored in bf16: FP8 and FP4 values times power-of-two scales are exact there, so the GEMMs read the
+    # same values as from f32, at half the bytes (and as one bf16 dot operand on cuda).
+    out_dtype: str = SAME_DTYPE
+
+
+def _act_qdq_rule(p: ActQdqParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
     _require_activation(ts[0], p.fmt, "x")
-    return (ts[0],)
+    if p.out_dtype == SAME_DTYPE:
+        return (ts[0],)
+    if p.out_dtype not in ACTIVATION_DTYPES:
+        raise ShapeError(
+            f"act_qdq out_dtype is {p.out_dtype!r}, expected one of {[SAME_DTYPE, *ACTIVATION_DTYPES]}"
+        )
+    return (ts[0].with_dtype(p.out_dtype),)
 
 
 act_qdq = declare_op(
     "act_qdq",
-    QdqParams,
+    ActQdqParams,
     _act_qdq_rule,
-    "`x [*, d] f32|bf16|f16` -> `[*, d]` same dtype: quantize then dequantize x in groups along d "
-    "(fmt in fp8_g32, mxfp4_g32, nvfp4_g16, nvfp4_g16_recip; d a multiple of the group), computed in f32, "
-    "cast once to x's dtype; fmt f32 only casts through f32.",
+    "`x [*, d] f32|bf16|f16` -> `[*, d]` out_dtype (same: x's dtype): quantize then dequantize x in groups "
+    "along d (fmt in fp8_g32, mxfp4_g32, nvfp4_g16, nvfp4_g16_recip; d a multiple of the group), computed "
+    "in f32, cast once to out_dtype; fmt f32 only casts through f32. A linear whose x is this op's output "
+    "takes act_quant none: it must not quantize again.",
     num_inputs=1,
 )
 

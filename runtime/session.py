@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from dsgraph.graph import Graph
-from dsgraph.graph.passes import specialize
+from dsgraph.graph.passes import optimize, specialize
 from dsgraph.graph.types import TensorType
 from dsgraph.models.interface import Model as V41Model
 from dsgraph.models.interface import ratios
@@ -161,7 +161,7 @@ class Session:
             self.graph: Graph = bundle.target_graph(self._weight_types)
             self.runner.adopt_capture_facts(bundle.capture_facts())
         else:
-            self.graph = model.trace_step(self._weight_types, debug=debug)
+            self.graph = optimize(model.trace_step(self._weight_types, debug=debug))
         self.graphs: dict[bool, Graph] = {False: self.graph}  # truncated prefill -> its graph variant
         self.cache_sizes = caches
         self.caches = {
@@ -245,8 +245,8 @@ class Session:
         if truncated not in self.graphs and self.bundle is not None:
             self.graphs[truncated] = self.bundle.graph("truncated")
         if truncated not in self.graphs:
-            self.graphs[truncated] = self.model.trace_step(
-                self._weight_types, debug=self._debug, truncated=True
+            self.graphs[truncated] = optimize(
+                self.model.trace_step(self._weight_types, debug=self._debug, truncated=True)
             )
         return self.graphs[truncated]
 

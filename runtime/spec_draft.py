@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dsgraph.graph import Graph
-from dsgraph.graph.passes import specialize
+from dsgraph.graph.passes import optimize, specialize
 from dsgraph.models.interface import DRAFT_STREAM, DraftRequest, weight_types
 from dsgraph.platform.registry import BucketRunner, Program, lower, make_runner
 from dsgraph.runtime.replay import replay_table
@@ -76,7 +76,7 @@ class DraftRunner:
         if self.bundle is not None:
             self.graph: Graph = self.bundle.graph("draft")
         else:
-            self.graph = model.trace_draft(weight_types(draft, backbone_only=False), stream=stream)
+            self.graph = optimize(model.trace_draft(weight_types(draft, backbone_only=False), stream=stream))
         self.programs: dict[int, Program] = {}
         self.block = model.num_draft_tokens
         # the caches the draft graph reads (written by the target step): V4.1's context rings, V4's MTP rings

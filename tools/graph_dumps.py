@@ -4,7 +4,8 @@ Four step kinds run the model: prefill and decode share the target step graph (t
 bucket it is specialized to), verify is the target step of a drafting session (it also writes the DSpark
 context rings) specialized to a bucket of several rows per sequence, and draft is the DSpark drafter's
 graph. Each is dumped as traced, after each graph pass (cse, then dce), specialized to its bucket the
-way the runtime specializes it (`runtime/session.py` specializes the traced graph), and lowered onto
+way the runtime specializes it (`runtime/session.py` specializes the graph after both passes,
+`graph.passes.optimize`), and lowered onto
 the `null` and `cpu` platforms (the program: which rule each equation runs, then its memory plan).
 The sampler's `sample` and `spec_verify` graphs follow the same stages.
 
@@ -129,9 +130,10 @@ def dump_graph(case: GraphCase, platforms: tuple[str, ...] = DUMP_PLATFORMS) -> 
     """Stage name -> text for one graph: traced, cse, dce, then per bucket specialized and lowered."""
     traced = case.make()
     after_cse = cse(traced)
-    out = {"traced": _text(traced), "cse": _text(after_cse), "dce": _text(dce(after_cse))}
+    optimized = dce(after_cse)  # what graph.passes.optimize gives: the graph the runtime specializes
+    out = {"traced": _text(traced), "cse": _text(after_cse), "dce": _text(optimized)}
     for bucket, sizes in case.buckets.items():
-        specialized = verify(specialize(traced, sizes))
+        specialized = verify(specialize(optimized, sizes))
         out[f"{bucket}.specialized"] = _text(specialized)
         for platform in platforms:
             out[f"{bucket}.{platform}"] = lower(specialized, platform).as_text()

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from dsgraph.graph import Graph, TensorType, format_graph, make_graph, verify
-from dsgraph.graph.passes import cse, dce, specialize
+from dsgraph.graph.passes import optimize, specialize
 from dsgraph.platform.registry import lower
 
 STAGES = ("traced", "optimized", "specialized", "lowered")
@@ -44,7 +44,7 @@ def example_graph() -> Graph:
 
 def run_stages(graph: Graph, sizes: dict[str, int]) -> Stages:
     verify(graph)
-    optimized = verify(dce(cse(graph)))
+    optimized = verify(optimize(graph))
     return Stages(graph, optimized, verify(specialize(optimized, sizes)))
 
 

@@ -3,6 +3,7 @@
 from dsgraph.graph.passes.cse import cse
 from dsgraph.graph.passes.dce import dce
 from dsgraph.graph.passes.memory import MemoryPlan, plan_memory
+from dsgraph.graph.passes.optimize import optimize
 from dsgraph.graph.passes.specialize import specialize
 
-__all__ = ["MemoryPlan", "cse", "dce", "plan_memory", "specialize"]
+__all__ = ["MemoryPlan", "cse", "dce", "optimize", "plan_memory", "specialize"]

@@ -121,12 +121,7 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -
         z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=out_dtype)
     else:
         z = op.grouped_linear(
-            grouped,
-            f.w(name),
-            scale,
-            weight_format="fp8_block32",
-            act_quant=f.num.act_quant,
-            out_dtype=out_dtype,
+            f.act_quantize(grouped), f.w(name), scale, weight_format="fp8_block32", out_dtype=out_dtype
         )
     z = op.reshape(z, shape=(z.shape[0], t.o_groups * t.o_lora_rank))
     if fp8_out:

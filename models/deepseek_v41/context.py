@@ -47,15 +47,26 @@ class Forward:
     def linear(
         self, x: Tracer, name: str, out_dtype: str | None = None, *, quantized_input: bool = True
     ) -> Tracer:
-        """`x @ W^T` for weight `name` in whatever format the weights dict holds it."""
+        """`x @ W^T` for weight `name` in whatever format the weights dict holds it; an FP8 weight reads x
+        through `act_quantize` unless `quantized_input` is False (x used as is)."""
         out = out_dtype or self.num.act_dtype
         scale = self.weights.get(name.removesuffix(".weight") + ".scale")
         if scale is None:
             return op.linear(self.cast(x, self.w(name).dtype), self.w(name), out_dtype=out)
-        act_quant = self.num.act_quant if quantized_input else "none"
-        return op.linear(
-            x, self.w(name), scale, weight_format="fp8_block32", act_quant=act_quant, out_dtype=out
-        )
+        if quantized_input:
+            x = self.act_quantize(x)
+        return op.linear(x, self.w(name), scale, weight_format="fp8_block32", out_dtype=out)
+
+    def act_quantize(self, x: Tracer) -> Tracer:
+        """x as an FP8-weight GEMM of these numerics reads it: FP8-g32 quantize-dequantized in `serving`.
+
+        An op of its own, not the linear's act_quant, so that the linears reading one activation (wq_a and
+        wkv, the shared expert's w1 and w3, the indexer's and the attention's wq_b) read one quantization:
+        their equations are equal, and CSE keeps one. Stored in bf16, where the FP8 values times their
+        power-of-two scales are exact: the GEMMs see the values an f32 copy would hold."""
+        if self.num.act_quant == "none":
+            return x
+        return op.act_qdq(x, fmt=self.num.act_quant, out_dtype="bf16")
 
     def cast(self, x: Tracer, dtype: str) -> Tracer:
         return x if x.dtype == dtype else op.cast(x, dtype=dtype)

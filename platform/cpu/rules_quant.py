@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dsgraph.ops.quant import SAME_DTYPE
 from dsgraph.platform.cpu import cache_format as CF
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.quant import fp8_g32_qdq, mxfp4_g32_qdq, nvfp4_g16_qdq
@@ -47,9 +48,14 @@ def decode_entries(fmt: str, entries: Tensor, dtype: torch.dtype = torch.float32
     return _DECODE[fmt](entries, dtype)
 
 
+def qdq_dtype(p: Any, x: Tensor) -> torch.dtype:
+    """The dtype act_qdq stores its values in: out_dtype, or x's dtype for `same`."""
+    return x.dtype if p.out_dtype == SAME_DTYPE else to_torch(p.out_dtype)
+
+
 def act_qdq(p: Any, x: Tensor) -> Tensor:
-    # The codec computes in f32 and casts once to its input's dtype.
-    return _QDQ[p.fmt](x.float()).to(x.dtype)
+    # The codec computes in f32 and casts once to the output dtype.
+    return _QDQ[p.fmt](x.float()).to(qdq_dtype(p, x))
 
 
 def cache_encode(p: Any, x: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dsgraph.graph.passes import specialize
+from dsgraph.graph.passes import optimize, specialize
 from dsgraph.graph.passes.memory import plan_memory
 from dsgraph.runtime.distributed.config import DEFAULT_EXTRA_EXPERTS, check_ep, num_redundant
 from dsgraph.runtime.engine_config import CacheConfig, EngineConfig, SchedulingConfig
@@ -104,7 +104,7 @@ def _weight_bytes(specs: dict[str, Any]) -> tuple[int, int, dict[str, int]]:
 def _activations(model: Any, weights: dict[str, Any], sizes: dict[str, int], tokens: int) -> int:
     from dsgraph.models.interface import weight_types
 
-    graph = model.trace_step(weight_types(weights))
+    graph = optimize(model.trace_step(weight_types(weights)))
     s = {**sizes, "tokens": tokens, "seqs": min(tokens, sizes["slots"]), "outs": min(tokens, sizes["slots"])}
     return plan_memory(specialize(graph, s)).arena_bytes
 

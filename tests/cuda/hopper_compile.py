@@ -199,6 +199,12 @@ def _fused() -> None:
         _without_spills(
             quant_act_tl.encode_kernel, {"x_ptr": bf16, "out_ptr": "*u8"}, {**shape, "ENTRY": entry}
         )
+    # FP8-g32 GEMM inputs held in f32: the shared expert's w2 input, stored in bf16 for the GEMM, and
+    # wo_b's, kept in f32
+    for width, out in ((2048, tl.bfloat16), (8192, tl.float32)):
+        shape = dict(D=width, FMT=0, GROUP=32, BLOCK_G=16, OUT=out)
+        out_ptr = bf16 if out == tl.bfloat16 else f32
+        _without_spills(quant_act_tl.qdq_kernel, {"x_ptr": f32, "out_ptr": out_ptr}, shape)
 
 
 def _moe(every: bool = False) -> None:

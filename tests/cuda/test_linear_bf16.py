@@ -79,3 +79,22 @@ def test_wide_steps_give_the_chunked_bits(act_quant: str) -> None:
     wide = cuda_linear.linear(p, x, *w, tiles=Tiles(16, 64, 128, 4, 2, True, True))
     assert chunked.abs().max() > 0
     assert torch.equal(wide, chunked), (wide != chunked).sum().item()
+
+
+@pytest.mark.parametrize("tiles", PATH_TILES, ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_quantized_input_gives_the_own_quantization_bits(tiles: Tiles, x_dtype: torch.dtype) -> None:
+    """A linear of act_quant none over act_qdq(x, fp8_g32, out_dtype bf16) (the model's shared
+    quantization, models/deepseek_v41/context.py) gives the bits of act_quant fp8_g32 over x: the same
+    qdq values as bf16 operands into the same GEMM, no second rounding."""
+    from dsgraph.ops.quant import ActQdqParams
+    from dsgraph.platform.cuda.kernels import quant_act
+
+    gen = torch.Generator().manual_seed(41)
+    x = (torch.randn(5, 192, generator=gen) * 3).to(x_dtype).to(DEVICE)
+    w = tuple(t.to(DEVICE) for t in _weight("fp8_block32", 96, 192, torch.bfloat16, gen))
+    own = cuda_linear.linear(_params("fp8_block32", "fp8_g32", "bf16"), x, *w, tiles=tiles)
+    xq = quant_act.act_qdq(ActQdqParams(fmt="fp8_g32", out_dtype="bf16"), x)
+    shared = cuda_linear.linear(_params("fp8_block32", "none", "bf16"), xq, *w, tiles=tiles)
+    assert own.abs().max() > 0
+    assert torch.equal(shared.view(torch.int16), own.view(torch.int16)), (shared != own).sum().item()

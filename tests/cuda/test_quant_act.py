@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
 
-from dsgraph.ops.quant import FORMATS, QdqParams  # noqa: E402
+from dsgraph.ops.quant import FORMATS, ActQdqParams, QdqParams  # noqa: E402
 from dsgraph.platform.cuda.kernels import quant_act  # noqa: E402
 from tests.cuda.kernel_env import compare_rules, on_device  # noqa: E402
 
@@ -36,8 +36,26 @@ def _values(rows: int, width: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_act_qdq_is_bit_equal(fmt: str, dtype: torch.dtype) -> None:
-    compare_rules("act_qdq", QdqParams(fmt=fmt), [_values(6, 64, seed=1).to(dtype)], tol=(0.0, 0.0))
+@pytest.mark.parametrize("out_dtype", ["same", "bf16"])
+def test_act_qdq_is_bit_equal(fmt: str, dtype: torch.dtype, out_dtype: str) -> None:
+    p = ActQdqParams(fmt=fmt, out_dtype=out_dtype)
+    got, _ = compare_rules("act_qdq", p, [_values(6, 64, seed=1).to(dtype)], tol=(0.0, 0.0))
+    assert got[0].dtype == (dtype if out_dtype == "same" else torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_act_qdq_in_bf16_is_the_linears_own_qdq(dtype: torch.dtype) -> None:
+    """The op a linear's input is quantized by (models/deepseek_v41/context.py `act_quantize`) gives the
+    bits of the pass a linear with act_quant fp8_g32 runs itself (linear_bf16_tl.qdq_rows), and the f32
+    values of the cpu codec exactly (FP8 values times power-of-two scales are exact in bf16)."""
+    from dsgraph.platform.cpu.quant import fp8_g32_qdq
+    from dsgraph.platform.cuda.kernels.linear_bf16_tl import qdq_rows
+
+    (x,) = on_device([_values(6, 64, seed=6).to(dtype)])
+    shared = quant_act.act_qdq(ActQdqParams(fmt="fp8_g32", out_dtype="bf16"), x)
+    own = qdq_rows(x.reshape(6, 1, 64).contiguous()).reshape(6, 64)
+    assert torch.equal(shared.view(torch.int16).cpu(), own.view(torch.int16).cpu())
+    assert torch.equal(shared.float().cpu(), fp8_g32_qdq(x.float().cpu()))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -50,9 +68,9 @@ def test_cache_encode_is_bit_equal(fmt: str) -> None:
 def test_rows_are_batch_invariant() -> None:
     (x,) = on_device([_values(5, 64, seed=4)])
     for fmt in FORMATS:
-        p = QdqParams(fmt=fmt)
+        p, q = QdqParams(fmt=fmt), ActQdqParams(fmt=fmt)
         assert torch.equal(quant_act.cache_encode(p, x)[3:4].cpu(), quant_act.cache_encode(p, x[3:4]).cpu())
-        assert torch.equal(quant_act.act_qdq(p, x)[3:4].cpu(), quant_act.act_qdq(p, x[3:4]).cpu())
+        assert torch.equal(quant_act.act_qdq(q, x)[3:4].cpu(), quant_act.act_qdq(q, x[3:4]).cpu())
 
 
 @pytest.mark.gpu
@@ -60,5 +78,5 @@ def test_quant_at_real_width() -> None:
     """SWA KV 512 (fp8), compressed KV 512 (nvfp4), index 128 (mxfp4), over 64 rows."""
     for fmt, width in (("fp8_g32", 512), ("nvfp4_g16_recip", 512), ("nvfp4_g16", 512), ("mxfp4_g32", 128)):
         x = _values(64, width, seed=5).to(torch.bfloat16)
-        compare_rules("act_qdq", QdqParams(fmt=fmt), [x], tol=(0.0, 0.0))
+        compare_rules("act_qdq", ActQdqParams(fmt=fmt), [x], tol=(0.0, 0.0))
         compare_rules("cache_encode", QdqParams(fmt=fmt), [x])

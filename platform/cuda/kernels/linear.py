@@ -8,6 +8,8 @@ weights run as exact bf16 operands into bf16 tensor-core dots with one chained F
 Decode batches (M <= SWAP_MAX_ROWS) use the swapped kernel (weight dequantized in registers, activations
 quantized in the kernel); larger M prepare bf16 operands once and run the plain tile. Both give a row
 the same bits, so results do not depend on the batch.
+The V4.1 graphs quantize a GEMM input with its own `act_qdq` (bf16 out, shared by the linears that read
+one activation) and run these linears with act_quant none: the same values into the same GEMM, once.
 Dense weights (the router gate, the head) run linear_tl.py's kernel: dots in the common dtype of x and
 w (FP32 IEEE when they differ), accumulated per 32-column chunk. Dense weights with act_quant fp8_g32 (no
 V4.1 graph uses it) and tensors not on a CUDA device (unless Triton's interpreter is on) fall back to

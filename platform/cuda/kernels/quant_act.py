@@ -41,10 +41,10 @@ def act_qdq(p: Any, x: Tensor) -> Tensor:
     from dsgraph.platform.cuda.kernels import quant_act_tl as K
 
     rows, width, group = shape
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=rules_quant.qdq_dtype(p, x), device=x.device)
     K.qdq_kernel[(rows, triton_cdiv(width // group, BLOCK_G))](
         x.contiguous(), out, D=width, FMT=FORMATS[p.fmt], GROUP=group, BLOCK_G=BLOCK_G,
-        OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        OUT=triton_dtype(out.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
 
