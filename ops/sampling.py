@@ -32,7 +32,10 @@ undefined):
     "untruncated"  skips steps 3-5: for rows where each is greedy, or has top_k off (< 1 or >= V),
                    top_p >= 1 and min_p <= 0 (as the f32/i32 operands hold them), each step keeps all
                    the finite tokens, which is what is kept without them;
-    "greedy"       also skips the draw (step 6): for rows that are all greedy, which take rank 0.
+    "greedy"       also skips the draw (step 6): for rows that are all greedy, which take rank 0;
+    "greedy_token" the token alone, by one argmax instead of the sort: for rows that are all greedy and
+                   whose log-probabilities nobody reads (logprob and top_logprobs are NaN, top_ids -1:
+                   not computed); the tokens are "full"'s, -1 on dead rows included.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ __all__ = ["GREEDY_BELOW", "MAX_STREAM", "PROCESSING", "SampleParams", "mask_wor
 GREEDY_BELOW = 1e-5
 MAX_STREAM = 3
 # The `processing` variants (module doc), from the one that does everything to the one that does least.
-PROCESSING = ("full", "untruncated", "greedy")
+PROCESSING = ("full", "untruncated", "greedy", "greedy_token")
 
 
 def mask_words(vocab_size: int) -> int:
@@ -118,6 +121,6 @@ sample = declare_op(
     "distribution; top_ids are the first K tokens of the stable descending order of the masked, scaled "
     "logits, top_logprobs their processed log-probabilities (-inf for tokens cut by top-k/p/min-p). A row "
     "whose bitmask allows no finite logit gives token -1, logprob -inf and top_ids -1. processing "
-    '("full", "untruncated": no row truncates, "greedy": every row is greedy) skips what cannot change '
-    "the rows it admits (module doc).",
+    '("full", "untruncated": no row truncates, "greedy": every row is greedy, "greedy_token": the same and '
+    "no log-probabilities read) skips what cannot change the rows it admits (module doc).",
 )

@@ -6,8 +6,9 @@ that token is never sampled). One check per engine path:
 - overlapped steps (`mark_invalid` on the device, `marked_causes` on the host): the samples stay on the
   device and feed the next step's inputs before the host sees them, so a bad row's token is replaced on
   the device by id 0 (always a valid embedding row) and the cause travels in its logprob, with no extra
-  copy or sync: NaN for non-finite logits, +inf for an id outside the vocabulary (a real logprob is
-  never +inf, and only non-finite logits give a NaN one);
+  copy or sync, as a positive value, which no `sample` variant gives a row: its logprob is <= 0, or NaN
+  where it is not computed ("greedy_token", ops/sampling.py): +1 for non-finite logits, +inf for an id
+  outside the vocabulary;
 - DSpark verify steps (`row_causes` with the emitted rows): rows past a sequence's emission hold -1.
 """
 
@@ -19,6 +20,9 @@ import torch
 from dsgraph.runtime.sampler import Samples
 
 NON_FINITE = "the model's logits hold NaN or +inf"
+# The causes as `mark_invalid` writes them into a bad row's logprob (module doc).
+_MARK_NON_FINITE = 1.0
+_MARK_OUT_OF_VOCAB = float("inf")
 
 
 def out_of_vocab(token: int | None, vocab: int) -> str:
@@ -49,8 +53,8 @@ def mark_invalid(logits: torch.Tensor, s: Samples, vocab: int) -> Samples:
     """Device-side: bad rows get token 0 and their cause in the logprob (see the module doc)."""
     non_finite = _non_finite(logits)
     oov = (s.tokens < 0) | (s.tokens >= vocab)
-    logprobs = torch.where(oov, torch.full_like(s.logprobs, float("inf")), s.logprobs)
-    logprobs = torch.where(non_finite, torch.full_like(s.logprobs, float("nan")), logprobs)
+    logprobs = torch.where(oov, torch.full_like(s.logprobs, _MARK_OUT_OF_VOCAB), s.logprobs)
+    logprobs = torch.where(non_finite, torch.full_like(s.logprobs, _MARK_NON_FINITE), logprobs)
     tokens = torch.where(non_finite | oov, torch.zeros_like(s.tokens), s.tokens)
     return Samples(tokens, logprobs, s.top_logprobs, s.top_ids)
 
@@ -58,6 +62,6 @@ def mark_invalid(logits: torch.Tensor, s: Samples, vocab: int) -> Samples:
 def marked_causes(host: Samples, vocab: int) -> dict[int, str]:
     """Host-side reading of `mark_invalid`'s marks: sample row -> cause."""
     lp = host.logprobs.numpy()
-    out = {i: NON_FINITE for i in np.flatnonzero(np.isnan(lp)).tolist()}
-    out.update({i: out_of_vocab(None, vocab) for i in np.flatnonzero(np.isposinf(lp)).tolist()})
+    out = {i: NON_FINITE for i in np.flatnonzero(lp == _MARK_NON_FINITE).tolist()}
+    out.update({i: out_of_vocab(None, vocab) for i in np.flatnonzero(lp == _MARK_OUT_OF_VOCAB).tolist()})
     return out

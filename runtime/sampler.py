@@ -9,7 +9,8 @@ program exists per row count and none is captured.
 
 Each call picks the `sample` op's `processing` variant (ops/sampling.py) from its rows' params on the
 host (`processing_for`): steps that cannot change any row's result are not run, with the same bits as
-the full processing, and each variant has its own graph and programs."""
+the full processing, and each variant has its own graph and programs; greedy steps whose
+log-probabilities nobody reads (`reads_logprobs`) take the token alone ("greedy_token")."""
 
 from __future__ import annotations
 
@@ -43,19 +44,31 @@ GRAPHS = (
 )
 
 
-def processing_for(rows: Sequence[torch.Tensor], vocab_size: int) -> str:
+def processing_for(rows: Sequence[torch.Tensor], vocab_size: int, read_logprobs: bool = True) -> str:
     """The `sample` op's processing for rows (temperature, top_p, top_k, min_p as the op's f32/i32
-    operands hold them, on the host, so that rounding to f32 is decided as the op sees it): "greedy" when
-    every row is greedy, "untruncated" when each row is greedy or has top_k off, top_p >= 1 and
-    min_p <= 0, else "full". The comparisons are the op rule's own (platform/cpu/rules_sampling.py)."""
+    operands hold them, on the host, so that rounding to f32 is decided as the op sees it): when every row
+    is greedy "greedy", or "greedy_token" if nothing reads their log-probabilities and top ids
+    (`read_logprobs` False, `reads_logprobs`); "untruncated" when each row is greedy or has top_k off,
+    top_p >= 1 and min_p <= 0, else "full". The comparisons are the op rule's own
+    (platform/cpu/rules_sampling.py)."""
     temperature, top_p, top_k, min_p = rows[:4]
     greedy = temperature < GREEDY_BELOW
     if bool(greedy.all()):
-        return "greedy"
+        return "greedy" if read_logprobs else "greedy_token"
     k = top_k.long()
     k_off = (k < 1) | (k >= vocab_size)
     untruncated = greedy | (k_off & (top_p.double() >= 1.0) & (min_p.double() <= 0.0))
     return "untruncated" if bool(untruncated.all()) else "full"
+
+
+def reads_logprobs(params: Sequence[SamplingParams]) -> bool:
+    """Whether anything reads the sampled log-probabilities or top ids of rows with these params: only the
+    outputs of requests that ask for them (`logprobs` not None; the offline and server APIs show none
+    otherwise). The rest of the engine does not: prompt logprobs and forced tokens' logprobs are computed
+    from the logits, speculative verification decides with its own op (`spec_verify`, the full
+    probabilities) or, deterministic, by the sampled tokens, and overlapped steps write a bad row's cause
+    over its logprob (runtime/row_checks.py)."""
+    return any(p.logprobs is not None for p in params)
 
 
 @dataclass(frozen=True)
@@ -178,9 +191,11 @@ class Sampler:
     ) -> Samples:
         """Row i of `logits` is sampled with params[i], seeds[i] at token position positions[i], among
         the tokens row i of `allowed` (i32 [rows, ceil(V/32)]) allows. With `to_host` False the samples
-        stay where the logits are (`SampleCopies` brings them back)."""
+        stay where the logits are (`SampleCopies` brings them back). When all rows are greedy and none
+        asks for log-probabilities (`reads_logprobs`) they are not computed: NaN, top ids -1."""
         rows = self._rows(params, seeds)
-        graph = self.graphs[sample_graph_name(allowed is not None, processing_for(rows, self.vocab))]
+        processing = processing_for(rows, self.vocab, reads_logprobs(params))
+        graph = self.graphs[sample_graph_name(allowed is not None, processing)]
         args = [logits.float(), *rows, positions.to(torch.int32)]
         args += [] if allowed is None else [allowed]
         # sampling runs where the logits are; host-to-device copies of pageable memory do not wait

@@ -166,6 +166,18 @@ def _sample_rows(
     return token.int(), logprob.float(), top_logprobs.float(), top_ids.int()
 
 
+def _greedy_tokens(p: Any, logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """ "greedy_token" rows (ops/sampling.py): the highest masked logit, lowest id on ties as in the stable
+    sort (argmax returns the first maximum; a greedy row's scores are its logits, exactly), -1 on a row
+    with no finite logit; the log-probabilities are not computed."""
+    rows, k = logits.shape[0], p.num_top_logprobs
+    dead = ~(logits > _NEG_INF).any(-1)
+    token = torch.where(dead, -1, logits.argmax(-1)) if rows else logits.new_zeros(0, dtype=torch.long)
+    nan = float("nan")
+    top_ids = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
+    return token.int(), logits.new_full((rows,), nan), logits.new_full((rows, k), nan), top_ids
+
+
 def sample(
     p: Any,
     logits: Tensor,
@@ -179,6 +191,8 @@ def sample(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     if allowed:
         logits = logits.masked_fill(~allowed_tokens(allowed[0], logits.shape[-1]), _NEG_INF)
+    if p.processing == "greedy_token":
+        return _greedy_tokens(p, logits)
     u = uniform_draw(seed, position, p.stream)
     rows = (logits, temperature, top_p, top_k, min_p, u)
     chunks = [

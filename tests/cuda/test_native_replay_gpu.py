@@ -79,3 +79,20 @@ def test_sampling_on_the_cuda_platform_matches_the_cpu_platform() -> None:
     assert torch.equal(cpu.top_ids, gpu.top_ids)
     torch.testing.assert_close(gpu.logprobs, cpu.logprobs, rtol=0, atol=1e-5)
     torch.testing.assert_close(gpu.top_logprobs, cpu.top_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_greedy_tokens_without_logprobs_on_the_cuda_platform_match_the_cpu_platform() -> None:
+    """All rows greedy, none asking for log-probabilities: the token-only variant (one argmax), with
+    ties (integer logits) and a dead row."""
+    vocab = 300
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randint(-3, 3, (6, vocab), generator=gen).float()
+    logits[2] = float("-inf")
+    params, seeds = [SamplingParams(temperature=0)] * 6, list(range(6))
+    sampler = Sampler(vocab, 5)
+    positions = torch.arange(6, dtype=torch.int32)
+    cpu = sampler.sample(logits, params, seeds, positions)
+    gpu = sampler.sample(logits.cuda(), params, seeds, positions)
+    assert {graph for graph, _, _ in sampler.programs} == {"sample_greedy_token"}
+    assert torch.equal(cpu.tokens, gpu.tokens) and int(gpu.tokens[2]) == -1

@@ -114,24 +114,26 @@ def test_a_bad_row_fails_only_its_request(engine_and_alone, fault: str) -> None:
 
 
 def test_overlap_marks_bad_rows_on_the_device_side() -> None:
-    """mark_invalid / marked_causes round trip: token 0 in place of a bad id, NaN/+inf logprob marks."""
+    """mark_invalid / marked_causes round trip: token 0 in place of a bad id, the cause in the logprob;
+    a good row's logprob passes through, NaN (not computed: the token-only variant) included."""
     from dsgraph.runtime.row_checks import mark_invalid, marked_causes
 
-    logits = torch.zeros(4, 10)
+    logits = torch.zeros(6, 10)
     logits[1, 2] = float("nan")
     logits[2, 5] = float("-inf")  # valid: that token is never sampled
+    logits[5, 1] = float("inf")
     s = Samples(
-        torch.tensor([3, 4, 12, -1], dtype=torch.int32),
-        torch.full((4,), -0.5),
-        torch.zeros(4, 2),
-        torch.zeros(4, 2, dtype=torch.int32),
+        torch.tensor([3, 4, 12, -1, 6, 2], dtype=torch.int32),
+        torch.tensor([-0.5, -0.5, -0.5, float("-inf"), float("nan"), float("nan")]),
+        torch.zeros(6, 2),
+        torch.zeros(6, 2, dtype=torch.int32),
     )
     m = mark_invalid(logits, s, 10)
-    assert m.tokens.tolist() == [3, 0, 0, 0]
+    assert m.tokens.tolist() == [3, 0, 0, 0, 6, 0]
     causes = marked_causes(m, 10)
-    assert causes[1] == NON_FINITE and set(causes) == {1, 2, 3}
-    assert "outside the vocabulary [0, 10)" in causes[2]
-    assert np.isclose(float(m.logprobs[0]), -0.5)
+    assert causes[1] == NON_FINITE and causes[5] == NON_FINITE and set(causes) == {1, 2, 3, 5}
+    assert "outside the vocabulary [0, 10)" in causes[2] and "outside the vocabulary" in causes[3]
+    assert np.isclose(float(m.logprobs[0]), -0.5) and np.isnan(float(m.logprobs[4]))
 
 
 def test_a_draft_outside_the_vocabulary_is_dropped(model_dir) -> None:  # type: ignore[no-untyped-def]

@@ -1,7 +1,8 @@
 """The Sampler's `processing` variants of the `sample` op (ops/sampling.py): each call's variant is chosen
 on the host from its rows' params, and whichever it picks gives the full processing's tokens, logprobs,
-top logprobs and ids bit for bit, on ties, dead rows (-inf everywhere, or a bitmask allowing nothing)
-and structured-output masks."""
+top logprobs and ids bit for bit (the token-only variant, for rows whose log-probabilities nobody reads:
+the tokens), on ties, dead rows (-inf everywhere, or a bitmask allowing nothing) and structured-output
+masks."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dsgraph.graph.types import TensorType
 from dsgraph.ops import op
 from dsgraph.ops.sampling import SampleParams, mask_words
 from dsgraph.platform.cpu import rules_sampling
-from dsgraph.runtime.sampler import GRAPHS, Sampler, processing_for
+from dsgraph.runtime.sampler import GRAPHS, Sampler, processing_for, reads_logprobs
 from dsgraph.runtime.sampling_params import SamplingParams
 
 VOCAB = 300  # not a multiple of 32: the bitmask's last word is partial
@@ -51,8 +52,48 @@ def test_the_variant_is_chosen_from_the_rows_params(params: list[SamplingParams]
     assert _choice(params) == expected
 
 
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ([SamplingParams(temperature=0)], "greedy_token"),
+        # prompt logprobs and forced tokens' logprobs come from the logits, not from the samples
+        ([SamplingParams(temperature=0, prompt_logprobs=2, golden_token_ids=(4,))], "greedy_token"),
+        ([SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=0)], "greedy"),
+        ([SamplingParams(temperature=0), SamplingParams()], "untruncated"),
+        ([SamplingParams(temperature=0), SamplingParams(top_k=3)], "full"),
+    ],
+)
+def test_greedy_rows_whose_logprobs_nobody_reads_take_the_token_only(
+    params: list[SamplingParams], expected: str
+) -> None:
+    rows = Sampler._rows(params, [0] * len(params))
+    assert processing_for(rows, VOCAB, reads_logprobs(params)) == expected
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_token_only_variant_gives_the_full_processings_tokens(masked: bool) -> None:
+    """Ties (integer logits), -inf tokens, dead rows (-inf everywhere, or a mask allowing nothing): the
+    argmax gives the sort's tokens; the log-probabilities are NaN (not computed)."""
+    sampler = Sampler(VOCAB, 20)
+    for trial in range(3):
+        rng, gen = random.Random(trial), torch.Generator().manual_seed(trial)
+        params = [SamplingParams(temperature=rng.choice([0.0, 1e-6])) for _ in range(ROWS)]
+        seeds = [rng.randrange(-(2**63), 2**63) for _ in range(ROWS)]
+        positions = torch.randint(0, 1000, (ROWS,), generator=gen, dtype=torch.int32)
+        logits = _logits(gen)
+        allowed = _allowed(gen) if masked else None
+        got = sampler.sample(logits, params, seeds, positions, allowed=allowed)
+        want = _full(20, logits, params, seeds, positions, allowed)
+        assert got.tokens.dtype == want[0].dtype and torch.equal(got.tokens, want[0])
+        assert got.tokens[0] == -1 and (not masked or got.tokens[3] == -1)
+        assert got.logprobs.isnan().all() and got.top_logprobs.isnan().all() and (got.top_ids == -1).all()
+    assert {graph for graph, _, _ in sampler.programs} == {_name(masked, "greedy_token")}
+
+
 def _greedy(rng: random.Random) -> SamplingParams:
+    """Greedy rows whose log-probabilities are read (logprobs=0), as the comparisons below read them."""
     return SamplingParams(
+        logprobs=0,
         temperature=rng.choice([0.0, 1e-6]),
         top_p=rng.choice([1.0, 0.3]),
         top_k=rng.choice([-1, 2]),
@@ -143,7 +184,7 @@ def test_the_sampler_keeps_one_program_per_variant_and_rows() -> None:
     logits, gen = torch.randn(4, VOCAB), torch.Generator().manual_seed(0)
     positions = torch.randint(0, 9, (4,), generator=gen, dtype=torch.int32)
     for params in (
-        [SamplingParams(temperature=0)] * 4,
+        [SamplingParams(temperature=0, logprobs=0)] * 4,
         [SamplingParams()] * 4,
         [SamplingParams(top_k=3)] * 4,
     ):
