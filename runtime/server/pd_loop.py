@@ -14,6 +14,7 @@ import concurrent.futures
 import contextvars
 import itertools
 import json
+import math
 import os
 import time
 from collections import deque
@@ -156,14 +157,18 @@ class CompletionLoop(EngineLoop):
 
 
 def event_json(e: TokenEvent) -> str:
+    """One JSON line; a log-probability nobody asked for (NaN: the sampler skipped it) is written null."""
     d = asdict(replace(e, handoff=None, prompt_logprobs=None))
     d.pop("handoff"), d.pop("prompt_logprobs")
+    if math.isnan(d["logprob"]):
+        d["logprob"] = None
     return json.dumps(d)
 
 
 def event_from_json(line: str) -> TokenEvent:
     d = json.loads(line)
     d["top"] = [tuple(t) for t in d["top"]]
+    d["logprob"] = math.nan if d["logprob"] is None else d["logprob"]
     return TokenEvent(**d)
 
 
