@@ -2,13 +2,27 @@
 drafting; runtime/model_runner.py) -> scheduler update, one step per `step()` call. The engine keeps the
 requests: per-request sampling params, detokenization, stop strings, logprobs and events. With overlap
 on, the next step is launched before this one's tokens reach the host (zero-overhead scheduling,
-runtime/engine_overlap.py), or with drafting on before this one's commit work (runtime/spec_overlap.py)."""
+runtime/engine_overlap.py), or with drafting on before this one's commit work (runtime/spec_overlap.py).
+
+A step in phases, the engine's surface for the loops that drive the runner themselves (the overlap
+loops; `run_plain` is the whole of a plain step):
+- `take_plan` (the plan made by the last commit, else a fresh one) and `hold_plan` (put one back for
+  the next call);
+- `begin_step(plan)` before the plan goes to the runner (`ModelRunner.submit` / `launch_sampled`);
+- a commit, one native call that also plans the next step: `commit_step(out)` with a `StepOutput` of
+  `ModelRunner.wait`, or, overlapped, `commit_ahead` (the step in flight gets its tokens, the one just
+  launched is committed ahead of them) and `resolve_ahead` (the step in flight gets its tokens alone);
+  a commit fails the requests of invalid rows and returns a `Committed`;
+- `finish_step(committed)`: its TokenEvents (detokenization, stop strings, logprobs);
+- on failure: `fail_step(plan, exc)` (a step failed before sampling: its requests fail, the plan is
+  committed without running), `fail_requests(plan, exc)` (its requests alone), `skip_step(plan)` (every
+  request of the plan ended: commit it without running)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +35,23 @@ from dsgraph.platform.registry import resolve_device
 from dsgraph.runtime.bundle.session_load import open_for_engine
 from dsgraph.runtime.checkpoint_load import cache_sizes, checked_max_len, load_weights
 from dsgraph.runtime.derived_configs import scheduler_config
-from dsgraph.runtime.detokenizer import IncrementalDetokenizer, find_stop, stop_prefix_len
+from dsgraph.runtime.detokenizer import IncrementalDetokenizer
 from dsgraph.runtime.engine_config import EngineConfig
 from dsgraph.runtime.engine_overlap import OverlapLoop, SpecOverlap, resolve_overlap
+from dsgraph.runtime.engine_records import (
+    Committed,
+    Live,
+    TokenEvent,
+    count_cached,
+    emitted_rows,
+    new_text,
+)
 from dsgraph.runtime.input_fix import InputFix
 from dsgraph.runtime.kvstore.pd_engines import admit_handoff, export_handoff, pd_state
 from dsgraph.runtime.kvstore.prefix_import import store_import_for
 from dsgraph.runtime.model_runner import ModelRunner, StepOutput
 from dsgraph.runtime.prefill_truncation import PrefillTruncation
-from dsgraph.runtime.prompt_logprobs import PromptEntry
+from dsgraph.runtime.row_checks import marked_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
 from dsgraph.runtime.scheduler import Scheduler, StepPlan
@@ -38,53 +60,6 @@ from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_engine import SpecDecoder
 from dsgraph.runtime.spec_setup import SpecSetup, setup_spec
 from dsgraph.runtime.structured.state import StructuredState
-
-
-@dataclass
-class _Live:
-    params: SamplingParams
-    seed: int
-    prompt: list[int]
-    detok: IncrementalDetokenizer
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish: str | None = None
-    prompt_logprobs: dict[int, PromptEntry] = field(default_factory=dict)  # prompt position -> entry
-    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
-    checked: int = 0  # text length already searched for stop strings
-    emitted: int = 0  # text length already returned
-    # Prompt tokens served from the prefix cache: counted from the plans while the prompt is prefilled
-    # (first chunk's start + rows marked is_replay, which together reach the hit's end); None until the
-    # request's first chunk is planned.
-    num_cached_tokens: int | None = None
-    error: str | None = None  # why the engine failed this request (finish is then "abort")
-    num_draft_tokens: int = 0  # drafts verified for this request
-    num_accepted_tokens: int = 0  # of those, accepted
-    max_chunk: int = 0  # most prompt tokens one step prefills (0: the step budget alone)
-
-    @property
-    def text(self) -> str:
-        return self.detok.text[: self.emitted]
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    rid: int
-    token: int
-    text: str  # new text since the previous event of this request
-    logprob: float
-    top: list[tuple[int, float]]
-    finished: bool
-    finish_reason: str | None  # "stop", "length", "abort", or "error" (see `error`)
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (final from the first token)
-    error: str | None = None  # set with finish_reason "error": the request failed inside the engine
-    # with the first token of a request asking for prompt logprobs: one entry per prompt position (None
-    # for the first)
-    prompt_logprobs: tuple[PromptEntry | None, ...] | None = None
-    # finish_reason "prefilled" (a PROMPT engine's request after its first token): the request's caches
-    # and sampled token for a COMPLETION engine (a kvstore.pd_engines.Exported)
-    handoff: Any = None
 
 
 class Engine:
@@ -136,7 +111,7 @@ class Engine:
         self.structured = StructuredState(self.tokenizer, cfg.text.vocab_size, [cfg.eos_token_id])
         if self.spec is not None:
             self.spec.structured = self.structured
-        self.live: dict[int, _Live] = {}
+        self.live: dict[int, Live] = {}
         self.runner = ModelRunner(
             self.session,
             self.sampler,
@@ -191,7 +166,7 @@ class Engine:
                 f"{len(prompt_ids)} tokens",
                 f"shorter than max_model_len {self.model.geo.max_model_len}",
             )
-        live = _Live(
+        live = Live(
             params,
             params.completion_seeds()[0] if seed is None else seed,
             [int(t) for t in prompt_ids],
@@ -206,7 +181,7 @@ class Engine:
             self.structured.add(rid, params.structured_outputs, lambda: self._admit(rid, live))
             self.live.setdefault(rid, live)
 
-    def _admit(self, rid: int, live: _Live) -> None:
+    def _admit(self, rid: int, live: Live) -> None:
         imp = self.store_import
         if imp is not None and live.params.prompt_logprobs is None:
             if imp.start(rid, live.prompt, lambda: self._queue(rid, live)):
@@ -214,7 +189,7 @@ class Engine:
                 return  # queued once its store blocks are read (prefix_import.StoreImport.poll)
         self._queue(rid, live)
 
-    def _queue(self, rid: int, live: _Live) -> None:
+    def _queue(self, rid: int, live: Live) -> None:
         p = live.params
         eos = -1 if p.ignore_eos else self.cfg.eos_token_id
         self.scheduler.add_request(
@@ -293,9 +268,7 @@ class Engine:
                 refused.append(TokenEvent(rid, -1, "", 0.0, [], True, "error", 0, error))
         if self.overlap is not None:
             return refused + self.overlap.step()
-        plan = self._plan if self._plan is not None else self.scheduler.schedule()
-        self._plan = None
-        return refused + self._plain_step(plan)
+        return refused + self.run_plain(self.take_plan())
 
     def _poll_grammars(self) -> list[TokenEvent]:
         """Admit the requests whose grammar compiled; end those whose compile failed or timed out."""
@@ -307,26 +280,41 @@ class Engine:
             out.append(TokenEvent(rid, -1, "", 0.0, [], True, "error", 0, error))
         return out
 
-    def _plain_step(self, plan, fix: InputFix | None = None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        """Run, sample and commit `plan` (then plan the next step) in one go."""
+    def take_plan(self) -> StepPlan:
+        """The plan of the next step: the one the last commit made (or `hold_plan` kept), else a fresh
+        one; the engine holds none afterwards."""
+        plan = self._plan if self._plan is not None else self.scheduler.schedule()
+        self._plan = None
+        return plan
+
+    def hold_plan(self, plan: StepPlan) -> None:
+        """Keep `plan` (taken and not run) for the next `take_plan`."""
+        self._plan = plan
+
+    def run_plain(self, plan: StepPlan, fix: InputFix | None = None) -> list[TokenEvent]:
+        """Run, sample and commit `plan` (then plan the next step) in one go. `fix`: rows whose token is
+        a sample of the step before, taken from its device tensor (a step after an overlapped one)."""
         if plan.bucket == 0:
             events, self._plan = self.scheduler.advance([])
             return [self._abort_event(e) for e in events if e.reason == "abort"]
         if not self.scheduler.has_unfinished:  # every request of the plan was aborted: free their caches
-            self._skip(plan)  # their callers know already (as for aborts in a plan that runs)
+            self.skip_step(plan)  # their callers know already (as for aborts in a plan that runs)
             return []
-        self._count_cached(plan)
+        self.begin_step(plan)
         try:
             out = self.runner.wait(self.runner.submit(plan, fix))
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
-            return self._fail_plan(plan, exc)
-        failed = self._take(out)
-        events, self._plan = self.scheduler.advance(out.samples.tokens.numpy(), out.num_emitted, out.drafts)
-        return failed + self._token_events(plan, out.samples, events, out.num_emitted)
+            return self.fail_step(plan, exc)
+        return self.finish_step(self.commit_step(out))
 
-    def _take(self, out: StepOutput) -> list[TokenEvent]:
-        """Record a step output's prompt logprobs and draft statistics, fail the requests of its invalid
-        rows alone (their events are returned) and hand the next plan its draft-pass cost."""
+    def begin_step(self, plan: StepPlan) -> None:
+        """`plan` goes to the runner now: count its prefix-cache hits (`engine_records.count_cached`)."""
+        count_cached(plan, self.live, self._prefilling)
+
+    def commit_step(self, out: StepOutput) -> Committed:
+        """Commit a step's output and plan the next step (one native call): its prompt logprobs and
+        draft statistics are recorded, the requests of its invalid rows fail first, alone, and the next
+        plan is given its draft-pass cost."""
         for rid, pos, entry in out.prompt:
             self.live[rid].prompt_logprobs[pos] = entry
         for rid, verified, accepted in out.verified:
@@ -335,7 +323,60 @@ class Engine:
                 self.live[rid].num_accepted_tokens += accepted
         if self.spec is not None:  # the next plan weighs its draft pass
             self.scheduler.native.draft_depth_ms = self.runner.draft_depth_ms
-        return self._fail_rows(out.plan.sample_rids, out.bad_rows, out.samples.tokens)
+        failed = self._fail_rows(out.plan.sample_rids, out.bad_rows, out.samples.tokens)
+        events, self._plan = self.scheduler.advance(out.samples.tokens.numpy(), out.num_emitted, out.drafts)
+        return Committed(out.plan, out.samples, events, out.num_emitted, failed)
+
+    def commit_ahead(self, flight: StepPlan | None, host: Samples | None) -> Committed:
+        """Overlapped commit, one native call (`Scheduler.advance_ahead`): the step in flight (`flight`;
+        `host`: its samples on the host, None when it did not run) gets its tokens, the requests of its
+        rows marked invalid on the device failing first; the step launched since is committed ahead of
+        its tokens and the next one planned."""
+        tokens = _flight_tokens(flight, host)
+        failed = []
+        if flight is not None and host is not None:
+            causes = marked_causes(host, self.cfg.text.vocab_size)
+            failed = self._fail_rows(flight.sample_rids, causes, torch.from_numpy(tokens))
+        events, self._plan = self.scheduler.advance_ahead(tokens)
+        return Committed(flight, host, events, None, failed)
+
+    def resolve_ahead(self, flight: StepPlan, host: Samples | None) -> Committed:
+        """The step in flight gets its tokens and nothing is planned (`Scheduler.resolve`): before a
+        step that runs without overlap."""
+        return Committed(flight, host, self.scheduler.resolve(_flight_tokens(flight, host)))
+
+    def finish_step(self, c: Committed) -> list[TokenEvent]:
+        """The TokenEvents of a committed step: the requests its commit failed, then one event per
+        emitted token (none for a step that did not run)."""
+        if c.samples is None or c.plan is None:
+            return c.failed  # aborts only: their callers know
+        rows = emitted_rows(c.plan, c.num_emitted)
+        out = list(c.failed)
+        for e in c.events:
+            if e.token < 0 or e.rid not in self.live or self.live[e.rid].finish is not None:
+                continue  # aborts (already known to their callers), released or stopped requests
+            try:
+                out.append(self.emit_token(rows[e.rid].pop(0), e.rid, c.samples, e))
+            except Exception as exc:  # one request's post-processing failed: only it ends
+                out.append(self._fail(e.rid, exc))
+        return out
+
+    def fail_step(self, plan: StepPlan, exc: Exception) -> list[TokenEvent]:
+        """The step failed before sampling: fail every request in it, then commit the plan with
+        placeholder tokens, which the scheduler drops for aborted requests."""
+        failed = self.fail_requests(plan, exc)
+        self.skip_step(plan)
+        return failed
+
+    def fail_requests(self, plan: StepPlan, exc: Exception) -> list[TokenEvent]:
+        """Fail every live request of `plan` with `exc` (their caches are freed by the scheduler)."""
+        rids = dict.fromkeys(int(r) for r in plan.seq_rids[: plan.num_seqs])
+        return [self._fail(r, exc) for r in rids if r in self.live and self.live[r].finish is None]
+
+    def skip_step(self, plan: StepPlan) -> None:
+        """Commit a plan without running it; only valid when all its requests were aborted (the
+        scheduler drops their placeholder tokens and frees their caches)."""
+        _, self._plan = self.scheduler.advance(np.zeros(len(plan.sample_rows), dtype=np.int32))
 
     def _fail_rows(self, rids, causes: dict[int, str], tokens: torch.Tensor) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """Fail alone each request with an invalid sample row (runtime/row_checks.py, `rids`: the
@@ -349,19 +390,6 @@ class Engine:
             tokens[i] = 0
         return out
 
-    def _token_events(self, plan, s: Samples, events, num_emitted=None) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        """The TokenEvents of a committed step's scheduler events (`s`: its samples on the host)."""
-        rows = _emitted_rows(plan, num_emitted)
-        out = []
-        for e in events:
-            if e.token < 0 or e.rid not in self.live or self.live[e.rid].finish is not None:
-                continue  # aborts (already known to their callers), released or stopped requests
-            try:
-                out.append(self._commit(rows[e.rid].pop(0), e.rid, s, e))
-            except Exception as exc:  # one request's post-processing failed: only it ends
-                out.append(self._fail(e.rid, exc))
-        return out
-
     def _seq_info(self, rid: int) -> SeqInfo | None:
         live = self.live.get(rid)
         if live is None or live.finish is not None:
@@ -370,7 +398,7 @@ class Engine:
         forced = golden[len(live.tokens)] if len(live.tokens) < len(golden) else None
         return SeqInfo(rid, live.params, live.seed, forced, lambda new: self._continues(live, new))
 
-    def _continues(self, live: _Live, new: list[int]) -> bool:
+    def _continues(self, live: Live, new: list[int]) -> bool:
         """Whether a request goes on after emitting `new` (the scheduler decides; this only spares the
         drafter the requests that surely stop)."""
         p = live.params
@@ -382,29 +410,6 @@ class Engine:
             and total < self.model.geo.max_model_len
         )
 
-    def _count_cached(self, plan) -> None:  # type: ignore[no-untyped-def]
-        """Per-request prefix-cache hits, read off the plan: a hit of h tokens admits the request at
-        start <= h (the replay start) and marks its rows below h is_replay, so h = the first chunk's
-        start + its is_replay rows over all prefill chunks. Only requests still prefilling are looked at."""
-        for rid in plan.preempted:  # readmitted later with a fresh lookup
-            live = self.live.get(int(rid))
-            if live is not None and int(rid) in self._prefilling:
-                live.num_cached_tokens = None
-        if not self._prefilling:
-            return
-        n = plan.num_tokens
-        replay = np.bincount(
-            np.asarray(plan.seq_ids[:n])[np.asarray(plan.is_replay[:n]) != 0], minlength=plan.num_seqs
-        )
-        starts = plan.seq_start
-        for k, rid in enumerate(plan.seq_rids[: plan.num_seqs].tolist()):
-            live = self.live.get(rid)
-            if live is None or rid not in self._prefilling:
-                continue
-            if live.num_cached_tokens is None:
-                live.num_cached_tokens = int(starts[k])
-            live.num_cached_tokens += int(replay[k])
-
     def _fail(self, rid: int, exc: Exception) -> TokenEvent:
         """End one request with an internal error (its caches are freed by the scheduler's abort)."""
         live = self.live[rid]
@@ -413,26 +418,13 @@ class Engine:
         self._prefilling.discard(rid)
         return TokenEvent(rid, -1, "", 0.0, [], True, "error", live.num_cached_tokens or 0, live.error)
 
-    def _fail_plan(self, plan, exc: Exception) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        """The step failed before sampling: fail every request in it, then commit the plan with
-        placeholder tokens, which the scheduler drops for aborted requests."""
-        failed = self._fail_requests(plan, exc)
-        self._skip(plan)
-        return failed
-
-    def _fail_requests(self, plan, exc: Exception) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
-        rids = dict.fromkeys(int(r) for r in plan.seq_rids[: plan.num_seqs])
-        return [self._fail(r, exc) for r in rids if r in self.live and self.live[r].finish is None]
-
-    def _skip(self, plan) -> None:  # type: ignore[no-untyped-def]
-        """Commit a plan without running it; only valid when all its requests were aborted (the
-        scheduler drops their placeholder tokens and frees their caches)."""
-        _, self._plan = self.scheduler.advance(np.zeros(len(plan.sample_rows), dtype=np.int32))
-
     def _abort_event(self, e) -> TokenEvent:  # type: ignore[no-untyped-def]
         return TokenEvent(e.rid, -1, "", 0.0, [], True, "abort")
 
-    def _commit(self, i: int, rid: int, s, event) -> TokenEvent:  # type: ignore[no-untyped-def]
+    def emit_token(self, i: int, rid: int, s: Samples, event: Any) -> TokenEvent:
+        """Commit request `rid`'s token of sample row `i` (`event`: its scheduler event) to the
+        request: detokenization, stop strings, logprobs, a PROMPT engine's handoff; its TokenEvent. An
+        exception here fails this request alone (`finish_step`; the server's fault hook wraps it)."""
         live, token = self.live[rid], int(s.tokens[i])
         self._prefilling.discard(rid)  # a sampled row ends the prefill: the hit count is final
         self.structured.accept(rid, token)
@@ -445,7 +437,7 @@ class Engine:
         live.top.append(top)
         finished, reason = bool(event and event.finished), event.reason if event else None
         prefilled = reason == "prefilled"  # the text goes on on the completion engine: nothing is flushed
-        text = self._new_text(rid, live, token, finished and not prefilled)
+        text = self.push_text(rid, live, token, finished and not prefilled)
         handoff = None
         if live.finish == "stop" and (prefilled or not finished):  # a stop string (caches freed)
             finished, reason = True, "stop"
@@ -465,34 +457,18 @@ class Engine:
             rid, token, text, lp, top, finished, reason, cached, prompt_logprobs=prompt_lp, handoff=handoff
         )
 
-    def _new_text(self, rid: int, live: _Live, token: int, finished: bool) -> str:
-        """Text to emit for this token: never half a character, never a (partial) stop string."""
-        p = live.params
-        # stop strings count from min_tokens on (vLLM's rule); the text before stays searchable
-        stops = p.stop if len(live.tokens) >= p.min_tokens else ()
-        live.detok.push(token)
-        if finished:
-            live.detok.flush()
-        full = live.detok.text
-        cut = find_stop(full, stops, start=live.checked) if stops else None
-        live.checked = len(full)
-        if cut is not None and not finished:
-            self.scheduler.abort(rid)  # a stop string ends the request; its caches are freed now
-            live.finish = "stop"
-        if cut is not None:
-            live.stop_reason = next(s for s in stops if full.startswith(s, cut))
-            cut += len(live.stop_reason) if p.include_stop_str_in_output else 0
-        end = cut if cut is not None else len(full) - (0 if finished else stop_prefix_len(full, stops))
-        text = full[live.emitted : max(end, live.emitted)]
-        live.emitted = max(end, live.emitted)
+    def push_text(self, rid: int, live: Live, token: int, finished: bool) -> str:
+        """`token`'s new text for request `rid` (`engine_records.new_text`); a stop string ends the
+        request and frees its caches now. A COMPLETION engine replays a handoff's tokens through it."""
+        text, stopped = new_text(live, token, finished)
+        if stopped:
+            self.scheduler.abort(rid)
         return text
 
 
-def _emitted_rows(plan: StepPlan, num_emitted: np.ndarray | None) -> dict[int, list[int]]:
-    """Per request, the sample rows whose tokens it emits, in order (the first num_emitted rows of its
-    sequence; one per sampling sequence without num_emitted)."""
-    out: dict[int, list[int]] = {}
-    for k, (a, n) in enumerate(zip(plan.verify_start.tolist(), plan.verify_len.tolist(), strict=True)):
-        m = min(n, 1) if num_emitted is None else int(num_emitted[k])
-        out.setdefault(int(plan.seq_rids[k]), []).extend(range(a, a + m))
-    return out
+def _flight_tokens(flight: StepPlan | None, host: Samples | None) -> np.ndarray:
+    """The sampled tokens of an overlapped step in flight, one per sample row (placeholders for a step
+    that did not run; none without a step in flight)."""
+    if host is not None:
+        return host.tokens.numpy()
+    return np.zeros(0 if flight is None else len(flight.sample_rows), dtype=np.int32)

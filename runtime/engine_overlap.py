@@ -13,10 +13,13 @@ One `OverlapLoop.step()`, with plan P(N+1) made by the previous call and step N 
 4. detokenize N's tokens, check stop strings, return N's events.
 So a step's tokens come back one call later; a final call with nothing left to plan drains (flushes) the
 last step. A request added between calls joins the plan made by the next call, two calls later.
+The loop drives the runner itself (`ModelRunner.launch_sampled`, the pending copies) and the engine's
+step phases for the rest (`Engine.take_plan`, `begin_step`, `commit_ahead`, `resolve_ahead`,
+`finish_step`: runtime/engine.py).
 
 Steps with prompt-logprob rows or teacher-forced tokens (`golden_token_ids`) run without overlap: the
 step in flight is resolved first (a second native call), then the step runs, is sampled, read and
-committed as in `Engine._plain_step`. A row whose logits hold NaN/+inf or whose sampled id is outside
+committed as in `Engine.run_plain`. A row whose logits hold NaN/+inf or whose sampled id is outside
 the vocabulary fails its request alone, as in plain steps (runtime/row_checks.py). With DSpark
 drafting on, `SpecOverlap` (runtime/spec_overlap.py) overlaps differently: a verify step's rows depend
 on the drafts of the step before, so it plans each step after the one before it is verified and
@@ -27,13 +30,9 @@ tokens are known on the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from dsgraph.runtime.input_fix import InputFix
-from dsgraph.runtime.row_checks import marked_causes
 from dsgraph.runtime.sampler import PendingSamples, SampleCopies, Samples
 from dsgraph.runtime.spec_overlap import SpecOverlap
 
@@ -62,11 +61,9 @@ class Flight:
     samples: Samples | None = None
     pending: PendingSamples | None = None
 
-    def tokens(self) -> np.ndarray:
-        """Its sampled tokens on the host (waits for them)."""
-        if self.pending is None:
-            return np.zeros(len(self.plan.sample_rows), dtype=np.int32)
-        return self.pending.wait().tokens.numpy()
+    def host(self) -> Samples | None:
+        """Its samples on the host (waits for them); None when it did not run."""
+        return None if self.pending is None else self.pending.wait()
 
 
 class OverlapLoop:
@@ -83,20 +80,16 @@ class OverlapLoop:
 
     def step(self) -> list[TokenEvent]:
         e = self.engine
-        plan = e._plan if e._plan is not None else e.scheduler.schedule()
-        e._plan = None
+        plan = e.take_plan()
         if self.flight is None and plan.bucket == 0:
-            return e._plain_step(plan)  # nothing runs or waits: pending aborts only
+            return e.run_plain(plan)  # nothing runs or waits: pending aborts only
         if plan.bucket > 0 and self._needs_plain(plan):
             return self._plain(plan)
         launched, failed = self._launch(plan)
         prev, self.flight = self.flight, launched
-        tokens = prev.tokens() if prev is not None else np.zeros(0, dtype=np.int32)
-        if prev is not None and prev.pending is not None:  # its invalid rows fail before their commit
-            causes = marked_causes(prev.pending.wait(), e.cfg.text.vocab_size)
-            failed += e._fail_rows(prev.plan.sample_rids, causes, torch.from_numpy(tokens))
-        events, e._plan = e.scheduler.advance_ahead(tokens)
-        return failed + self._emit(prev, events)
+        host = prev.host() if prev is not None else None
+        committed = e.commit_ahead(prev.plan if prev is not None else None, host)
+        return failed + e.finish_step(committed)
 
     def _launch(self, plan: StepPlan) -> tuple[Flight | None, list[TokenEvent]]:
         """Run and sample `plan` on the device without waiting for anything; (its flight, events of
@@ -107,18 +100,13 @@ class OverlapLoop:
         rids = [int(r) for r in plan.seq_rids[: plan.num_seqs]]
         if all(r not in e.live or e.live[r].finish is not None for r in rids):
             return Flight(plan), []  # every request ended: nothing to run
-        e._count_cached(plan)
+        e.begin_step(plan)
         try:
             prev = self.flight.samples if self.flight is not None else None
             s = e.runner.launch_sampled(plan, InputFix.of(plan, None if prev is None else prev.tokens))
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
-            return Flight(plan), e._fail_requests(plan, exc)
+            return Flight(plan), e.fail_requests(plan, exc)
         return Flight(plan, s, self.copies.start(s)), []
-
-    def _emit(self, prev: Flight | None, events: list[Any]) -> list[TokenEvent]:
-        if prev is None or prev.pending is None:
-            return []  # aborts only: their callers know
-        return self.engine._token_events(prev.plan, prev.pending.wait(), events)
 
     def _needs_plain(self, plan: StepPlan) -> bool:
         """Prompt logprobs are read off the step's logits, a forced token must reach the next step's
@@ -142,6 +130,6 @@ class OverlapLoop:
         fix = None
         if self.flight is not None:
             prev, self.flight = self.flight, None
-            out = self._emit(prev, e.scheduler.resolve(prev.tokens()))
+            out = e.finish_step(e.resolve_ahead(prev.plan, prev.host()))
             fix = InputFix.of(plan, None if prev.samples is None else prev.samples.tokens)
-        return out + e._plain_step(plan, fix)
+        return out + e.run_plain(plan, fix)

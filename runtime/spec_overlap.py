@@ -15,7 +15,9 @@ The plans, and so every token, are those of the plain drafting engine: a request
 ends in step 4 is in N+1's plan in both (a plain step plans before it detokenizes too), its rows are
 discarded. A call therefore returns its own step's events, and the host gap between two target steps
 loses the commit work. Steps whose inputs depend on the commit (prefill truncation of a prefill chunk
-reads the request's tokens) and the first step after an idle engine run as plain steps.
+reads the request's tokens) and the first step after an idle engine run as plain steps. The loop drives
+the runner's `submit` / `wait` itself and the engine's step phases for the rest (`Engine.take_plan`,
+`begin_step`, `commit_step`, `finish_step`: runtime/engine.py).
 """
 
 from __future__ import annotations
@@ -45,32 +47,31 @@ class SpecOverlap:
     def step(self) -> list[TokenEvent]:
         e = self.engine
         if self.flight is None:
-            plan = e._plan if e._plan is not None else e.scheduler.schedule()
-            e._plan = None
+            plan = e.take_plan()
             if plan.bucket == 0 or not e.scheduler.has_unfinished or self._needs_plain(plan):
-                return e._plain_step(plan)
+                return e.run_plain(plan)
             if not self._submit(plan):
-                return e._plain_step(plan)  # its failure is handled (and its requests failed) there
+                return e.run_plain(plan)  # its failure is handled (and its requests failed) there
         launched, self.flight = self.flight, None
         assert launched is not None
         plan = launched.plan
         if not e.scheduler.has_unfinished:  # every request of the step ended meanwhile
-            e._skip(plan)
+            e.skip_step(plan)
             return []
         try:
             out = e.runner.wait(launched)
         except Exception as exc:  # the step's requests fail; the engine and everyone else go on
-            return e._fail_plan(plan, exc)
-        failed = e._take(out)
-        events, nxt = e.scheduler.advance(out.samples.tokens.numpy(), out.num_emitted, out.drafts)
+            return e.fail_step(plan, exc)
+        committed = e.commit_step(out)
+        nxt = e.take_plan()  # the commit made it
         if (
             nxt.bucket == 0
             or not e.scheduler.has_unfinished
             or self._needs_plain(nxt)
             or not self._submit(nxt)
         ):
-            e._plan = nxt  # the next call runs it as a plain step
-        return failed + e._token_events(plan, out.samples, events, out.num_emitted)
+            e.hold_plan(nxt)  # the next call runs it as a plain step
+        return e.finish_step(committed)
 
     def _submit(self, plan: StepPlan) -> bool:
         """Launch `plan`; False (nothing held) when its submission failed, for a plain step to redo."""
@@ -78,7 +79,7 @@ class SpecOverlap:
             self.flight = self.engine.runner.submit(plan)
         except Exception:
             return False
-        self.engine._count_cached(plan)
+        self.engine.begin_step(plan)
         return True
 
     def _needs_plain(self, plan: StepPlan) -> bool:

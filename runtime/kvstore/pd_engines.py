@@ -114,7 +114,7 @@ def admit_handoff(
     sampled token(s). Raises (and holds nothing) when there is no room (RuntimeError) or the bytes do not
     fit this engine's layout (HandoffError / ValueError naming the page or slot)."""
     from dsgraph.runtime.detokenizer import IncrementalDetokenizer
-    from dsgraph.runtime.engine import _Live
+    from dsgraph.runtime.engine_records import Live
 
     pd = _state(engine)
     check_admissible(engine, handoff, params)
@@ -136,10 +136,10 @@ def admit_handoff(
     detok = IncrementalDetokenizer(
         engine.tokenizer, handoff.prompt, skip_special_tokens=p.skip_special_tokens
     )
-    live = _Live(p, handoff.seed, list(handoff.prompt), detok)
+    live = Live(p, handoff.seed, list(handoff.prompt), detok)
     for token in handoff.output:  # the prompt engine emitted these: same detokenizer and stop state
         live.tokens.append(token)
-        engine._new_text(rid, live, token, False)
+        engine.push_text(rid, live, token, False)
     live.num_cached_tokens = 0
     engine.live[rid] = live
     pd.admitted += 1

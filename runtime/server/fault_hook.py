@@ -2,7 +2,7 @@
 engine (a RuntimeError in its per-request commit) once it has generated a given number of tokens, to test
 that one failing request stays isolated. Imported only when a request carries the field, which the
 server reads only with `create_app(..., allow_fault_injection=True)`; the engine itself holds no hook:
-the first fault wraps the engine instance's per-request commit."""
+the first fault wraps the engine instance's per-request commit (`Engine.emit_token`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def inject_fault(engine: Any, rid: int, after_tokens: int) -> None:
 
 def _install(engine: Any) -> dict[int, int]:
     faults: dict[int, int] = {}
-    commit = engine._commit
+    commit = engine.emit_token
 
     def failing_commit(i, rid, s, event):  # type: ignore[no-untyped-def]
         if rid in faults and len(engine.live[rid].tokens) >= faults[rid]:
@@ -34,5 +34,5 @@ def _install(engine: Any) -> dict[int, int]:
             raise RuntimeError(f"fault injected into request {rid} (FAULT_FIELD)")
         return commit(i, rid, s, event)
 
-    engine._commit = failing_commit
+    engine.emit_token = failing_commit
     return faults

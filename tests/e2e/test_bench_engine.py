@@ -69,7 +69,7 @@ def test_the_profile_splits_a_step_into_host_phases_and_functions(result: dict[s
     host = prof["host"]
     # on cpu the loop is plain (no overlap): it plans, runs and emits each step
     phases = host["phase_ms_per_step"]
-    for name in ("runner.submit", "runner.wait", "scheduler.advance", "engine._token_events"):
+    for name in ("runner.submit", "runner.wait", "scheduler.advance", "engine.finish_step"):
         assert 0 < phases[name] <= host["step_ms_under_cprofile"], name
     assert "runner.launch_sampled" not in phases  # the overlapped loop's launch
     top = host["top_own_time"]

@@ -97,11 +97,11 @@ def test_stops_mid_batch_discard_the_planned_row_and_free_everything(llms) -> No
 def test_plan_of_the_next_step_is_launched_before_the_tokens_are_read(llms, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     engine = llms["on"].engine
     log: list[tuple[str, int]] = []
-    tokens, submit, native = Flight.tokens, engine.runner.submit, engine.scheduler.native
+    host, submit, native = Flight.host, engine.runner.submit, engine.scheduler.native
 
     def read(self: Flight) -> Any:
         log.append(("read", int(self.plan.step)))
-        return tokens(self)
+        return host(self)
 
     class Plans:
         def __getattr__(self, name: str) -> Any:
@@ -112,7 +112,7 @@ def test_plan_of_the_next_step_is_launched_before_the_tokens_are_read(llms, monk
             log.append(("plan", int(plan.step)))
             return events, plan
 
-    monkeypatch.setattr(Flight, "tokens", read)
+    monkeypatch.setattr(Flight, "host", read)
     monkeypatch.setattr(
         engine.runner,
         "submit",

@@ -86,17 +86,17 @@ def test_stops_equal_plain_and_the_next_step_is_submitted_first(llms) -> None:  
     ]
     eng = llms["on"].engine
     ahead: list[bool] = []
-    make_events = eng._token_events
+    make_events = eng.finish_step
 
     def watch(*args: Any) -> Any:
         ahead.append(eng.overlap.busy)  # type: ignore[union-attr]
         return make_events(*args)
 
-    eng._token_events = watch  # type: ignore[method-assign]
+    eng.finish_step = watch  # type: ignore[method-assign]
     try:
         got = _outputs(llms["on"], params)
     finally:
-        del eng._token_events
+        del eng.finish_step
     assert got == _outputs(llms["off"], params)
     assert got[1][2] == "stop" and got[3][2] == "length"
     assert sum(ahead) >= len(ahead) - 3  # all but the last steps overlapped the next one

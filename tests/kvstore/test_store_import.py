@@ -29,16 +29,16 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs
 def _run(e: Any, rid: int, prompt: list[int]) -> tuple[list[int], list[float], int, int]:
     """(tokens, logprobs, prompt rows computed before the first token, num_cached_tokens)."""
     rows: list[int] = []
-    count = e._count_cached
+    count = e.begin_step
 
     def counting(plan: Any) -> None:
         rows.append(int(plan.num_tokens))
         count(plan)
 
-    e._count_cached = counting
+    e.begin_step = counting
     e.add_request(rid, prompt, PARAMS)
     events = [ev for ev in run_all(e) if ev.rid == rid]
-    e._count_cached = count
+    e.begin_step = count
     e.release(rid)
     first = next(i for i, ev in enumerate(events) if ev.token >= 0)
     tokens = [ev.token for ev in events if ev.token >= 0]

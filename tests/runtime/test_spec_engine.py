@@ -113,7 +113,8 @@ def test_abort_with_drafts_pending_frees_pages_and_slots(model_dir) -> None:  # 
         eng.add_request(rid, p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     for _ in range(3):
         eng.step()
-    planned = eng._plan
+    planned = eng.take_plan()
+    eng.hold_plan(planned)  # looked at, not run
     assert planned is not None and planned.num_verify_drafts > 0  # the next step verifies drafts
     for rid in range(len(PROMPTS)):
         eng.abort(rid)

@@ -33,7 +33,7 @@ PHASES = (
     ("scheduler", "advance_ahead"),
     ("scheduler", "advance"),
     ("scheduler", "schedule"),
-    ("engine", "_token_events"),
+    ("engine", "finish_step"),
 )
 
 
