@@ -333,17 +333,25 @@ class Engine:
         rows marked invalid on the device failing first; the step launched since is committed ahead of
         its tokens and the next one planned."""
         tokens = _flight_tokens(flight, host)
-        failed = []
-        if flight is not None and host is not None:
-            causes = marked_causes(host, self.cfg.text.vocab_size)
-            failed = self._fail_rows(flight.sample_rids, causes, torch.from_numpy(tokens))
+        failed = self._fail_marked(flight, host, tokens)
         events, self._plan = self.scheduler.advance_ahead(tokens)
         return Committed(flight, host, events, None, failed)
 
     def resolve_ahead(self, flight: StepPlan, host: Samples | None) -> Committed:
         """The step in flight gets its tokens and nothing is planned (`Scheduler.resolve`): before a
-        step that runs without overlap."""
-        return Committed(flight, host, self.scheduler.resolve(_flight_tokens(flight, host)))
+        step that runs without overlap. Its marked invalid rows fail first, as in `commit_ahead`."""
+        tokens = _flight_tokens(flight, host)
+        failed = self._fail_marked(flight, host, tokens)
+        return Committed(flight, host, self.scheduler.resolve(tokens), None, failed)
+
+    def _fail_marked(
+        self, flight: StepPlan | None, host: Samples | None, tokens: np.ndarray
+    ) -> list[TokenEvent]:
+        """Fail the requests of an overlapped step's rows marked invalid on the device."""
+        if flight is None or host is None:
+            return []
+        causes = marked_causes(host, self.cfg.text.vocab_size)
+        return self._fail_rows(flight.sample_rids, causes, torch.from_numpy(tokens))
 
     def finish_step(self, c: Committed) -> list[TokenEvent]:
         """The TokenEvents of a committed step: the requests its commit failed, then one event per

@@ -18,12 +18,12 @@ step phases for the rest (`Engine.take_plan`, `begin_step`, `commit_ahead`, `res
 `finish_step`: runtime/engine.py).
 
 Steps with prompt-logprob rows or teacher-forced tokens (`golden_token_ids`) run without overlap: the
-step in flight is resolved first (a second native call), then the step runs, is sampled, read and
-committed as in `Engine.run_plain`. A row whose logits hold NaN/+inf or whose sampled id is outside
-the vocabulary fails its request alone, as in plain steps (runtime/row_checks.py). With DSpark
-drafting on, `SpecOverlap` (runtime/spec_overlap.py) overlaps differently: a verify step's rows depend
-on the drafts of the step before, so it plans each step after the one before it is verified and
-drafted, and overlaps the host's commit work instead. Prefill chunks overlap like decode rows: their
+step in flight is resolved first (a second native call; its invalid rows fail there as in an overlapped
+commit), then the step runs, is sampled, read and committed as in `Engine.run_plain`. A row whose
+logits hold NaN/+inf or whose sampled id is outside the vocabulary fails its request alone, as in plain
+steps (runtime/row_checks.py). With DSpark drafting on, `SpecOverlap` (runtime/spec_overlap.py)
+overlaps differently: a verify step's rows depend on the drafts of the step before, so it plans each
+step after the one before it is verified and drafted, and overlaps the host's commit work instead. Prefill chunks overlap like decode rows: their
 tokens are known on the host.
 """
 

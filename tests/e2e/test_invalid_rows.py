@@ -157,3 +157,46 @@ def test_a_draft_outside_the_vocabulary_is_dropped(model_dir) -> None:  # type: 
     finally:
         del drafter.run
     _assert_nothing_held(engine)
+
+
+def test_a_bad_row_of_the_step_in_flight_fails_when_the_next_step_runs_plain(model_dir) -> None:  # type: ignore[no-untyped-def]
+    """The overlapped step in flight is resolved before a step that runs without overlap (here: a
+    prompt-logprobs request's prefill); a row marked invalid on the device fails its request there too,
+    instead of committing the device's placeholder token."""
+    engine = _engine(model_dir, "overlap")
+    vocab = engine.cfg.text.vocab_size
+    poisoned: list[int] = []  # the plan step whose bad rows are sampled
+    undo = poison_samples(
+        engine, lambda plan: _bad_rows(engine, plan) if poisoned == [plan.step] else [], vocab + 5
+    )
+    resolved: list[int] = []
+    resolve = engine.resolve_ahead
+
+    def noting(flight, host):  # type: ignore[no-untyped-def]
+        resolved.append(int(flight.step))
+        return resolve(flight, host)
+
+    engine.resolve_ahead = noting  # type: ignore[method-assign]
+    engine.add_request(BAD, PROMPTS[BAD], GREEDY)
+    engine.add_request(1, PROMPTS[1], GREEDY)
+    events = [ev for _ in range(3) for ev in engine.step()]
+    # added now, the request is in the plan the next call makes: the call after it runs plain and
+    # resolves the step this next call launches, whose bad row is poisoned
+    lp = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    engine.add_request(2, PROMPTS[2], lp)
+    plan = engine.take_plan()
+    engine.hold_plan(plan)  # looked at, not run: the next call launches it
+    poisoned.append(int(plan.step))
+    try:
+        for _ in range(100):
+            events += engine.step()
+            if not engine.has_unfinished:
+                break
+    finally:
+        undo()
+        del engine.resolve_ahead
+    assert poisoned[0] in resolved  # the poisoned step was resolved before a plain step
+    bad = [ev for ev in events if ev.rid == BAD]
+    assert bad[-1].finish_reason == "error" and "outside the vocabulary" in (bad[-1].error or ""), bad[-1]
+    assert all(np.isfinite(ev.logprob) for ev in bad if ev.token >= 0)
+    _assert_nothing_held(engine)
