@@ -16,7 +16,10 @@ loops; `run_plain` is the whole of a plain step):
 - `finish_step(committed)`: its TokenEvents (detokenization, stop strings, logprobs);
 - on failure: `fail_step(plan, exc)` (a step failed before sampling: its requests fail, the plan is
   committed without running), `fail_requests(plan, exc)` (its requests alone), `skip_step(plan)` (every
-  request of the plan ended: commit it without running)."""
+  request of the plan ended: commit it without running).
+`has_unfinished` holds from `take_plan` to the commit of the plan taken (and, overlapped, until the step
+committed ahead is resolved): the caches of a request aborted in a plan already made stay held until
+then, and an engine that reports nothing unfinished holds none (the server's idle is read so)."""
 
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ from dsgraph.runtime.prefill_truncation import PrefillTruncation
 from dsgraph.runtime.row_checks import marked_causes
 from dsgraph.runtime.sampler import Sampler, Samples
 from dsgraph.runtime.sampling_params import RequestError, SamplingParams
-from dsgraph.runtime.scheduler import Scheduler, StepPlan
+from dsgraph.runtime.scheduler import Scheduler, StepEvent, StepPlan
 from dsgraph.runtime.seq_info import SeqInfo
 from dsgraph.runtime.session import CacheSizes, Session
 from dsgraph.runtime.spec_engine import SpecDecoder
@@ -127,6 +130,8 @@ class Engine:
         overlap = config.engine_type != "completion" and resolve_overlap(config, spec.enabled)
         self.overlap = (SpecOverlap(self) if spec.enabled else OverlapLoop(self)) if overlap else None
         self._plan = None  # the plan of the next step, made by the last `advance`
+        # the plan `take_plan` handed out, until a commit: it holds its requests' caches (aborted ones too)
+        self._taken: StepPlan | None = None
         self._prefilling: set[int] = set()  # requests whose prompt-cache hit is still being counted
         self.pd = None if config.engine_type == "normal" else pd_state(self, store)
         self.store_import = store_import_for(self, store)  # store hits skip prefill (kvstore/prefix_import)
@@ -243,10 +248,14 @@ class Engine:
 
     @property
     def has_unfinished(self) -> bool:
-        # a request aborted while in the planned step holds its caches until that step is committed
+        # a request aborted while in the planned step holds its caches until that step is committed,
+        # also while the step runs (taken) and, overlapped, until the step committed ahead of its tokens
+        # is resolved: a loop or a thread that reads False mid-step must find every cache freed
         return (
             self.scheduler.has_unfinished
             or (self._plan is not None and self._plan.bucket > 0)
+            or (self._taken is not None and self._taken.bucket > 0)
+            or self.scheduler.has_unresolved
             or (self.overlap is not None and self.overlap.busy)
             or bool(self.structured.pending)
             or bool(self.store_import and self.store_import.pending)
@@ -282,20 +291,21 @@ class Engine:
 
     def take_plan(self) -> StepPlan:
         """The plan of the next step: the one the last commit made (or `hold_plan` kept), else a fresh
-        one; the engine holds none afterwards."""
+        one; the engine holds none to hand out afterwards, and counts it unfinished until a commit."""
         plan = self._plan if self._plan is not None else self.scheduler.schedule()
+        self._taken = plan  # before `_plan` is cleared: a thread reading has_unfinished sees one of them
         self._plan = None
         return plan
 
     def hold_plan(self, plan: StepPlan) -> None:
         """Keep `plan` (taken and not run) for the next `take_plan`."""
-        self._plan = plan
+        self._plan, self._taken = plan, None
 
     def run_plain(self, plan: StepPlan, fix: InputFix | None = None) -> list[TokenEvent]:
         """Run, sample and commit `plan` (then plan the next step) in one go. `fix`: rows whose token is
         a sample of the step before, taken from its device tensor (a step after an overlapped one)."""
         if plan.bucket == 0:
-            events, self._plan = self.scheduler.advance([])
+            events = self._planned(self.scheduler.advance([]))
             return [self._abort_event(e) for e in events if e.reason == "abort"]
         if not self.scheduler.has_unfinished:  # every request of the plan was aborted: free their caches
             self.skip_step(plan)  # their callers know already (as for aborts in a plan that runs)
@@ -324,7 +334,8 @@ class Engine:
         if self.spec is not None:  # the next plan weighs its draft pass
             self.scheduler.native.draft_depth_ms = self.runner.draft_depth_ms
         failed = self._fail_rows(out.plan.sample_rids, out.bad_rows, out.samples.tokens)
-        events, self._plan = self.scheduler.advance(out.samples.tokens.numpy(), out.num_emitted, out.drafts)
+        tokens = out.samples.tokens.numpy()
+        events = self._planned(self.scheduler.advance(tokens, out.num_emitted, out.drafts))
         return Committed(out.plan, out.samples, events, out.num_emitted, failed)
 
     def commit_ahead(self, flight: StepPlan | None, host: Samples | None) -> Committed:
@@ -334,7 +345,7 @@ class Engine:
         its tokens and the next one planned."""
         tokens = _flight_tokens(flight, host)
         failed = self._fail_marked(flight, host, tokens)
-        events, self._plan = self.scheduler.advance_ahead(tokens)
+        events = self._planned(self.scheduler.advance_ahead(tokens))
         return Committed(flight, host, events, None, failed)
 
     def resolve_ahead(self, flight: StepPlan, host: Samples | None) -> Committed:
@@ -384,7 +395,15 @@ class Engine:
     def skip_step(self, plan: StepPlan) -> None:
         """Commit a plan without running it; only valid when all its requests were aborted (the
         scheduler drops their placeholder tokens and frees their caches)."""
-        _, self._plan = self.scheduler.advance(np.zeros(len(plan.sample_rows), dtype=np.int32))
+        self._planned(self.scheduler.advance(np.zeros(len(plan.sample_rows), dtype=np.int32)))
+
+    def _planned(self, committed: tuple[list[StepEvent], StepPlan]) -> list[StepEvent]:
+        """Keep the next plan of a commit (`Scheduler.advance` / `advance_ahead`: (events, plan)); the
+        plan taken before is the scheduler's again (committed, or in flight for an overlap loop, which
+        counts it busy). Returns the events."""
+        events, self._plan = committed  # the next plan is kept before the taken one is let go (as above)
+        self._taken = None
+        return events
 
     def _fail_rows(self, rids, causes: dict[int, str], tokens: torch.Tensor) -> list[TokenEvent]:  # type: ignore[no-untyped-def]
         """Fail alone each request with an invalid sample row (runtime/row_checks.py, `rids`: the

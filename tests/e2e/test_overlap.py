@@ -152,6 +152,55 @@ def test_abort_mid_stream_and_late_arrivals(model_dir) -> None:  # type: ignore[
     assert {r: v for r, v in aborted.items() if r != 1} == {r: v for r, v in plain.items() if r != 1}
 
 
+def _holds_nothing(engine: Engine) -> bool:
+    n, sched = engine.scheduler.native, engine.scheduler
+    pages = [sched.page_usage(r) for r in sched.config.ratios]
+    return n.num_free_slots == n.config.num_slots and all(u.used == u.idle for u in pages)
+
+
+def test_an_engine_with_nothing_unfinished_holds_no_cache_even_mid_step(model_dir) -> None:  # type: ignore[no-untyped-def]
+    """Every request aborted after each step k, plain and overlapped; a forced-token request joins late,
+    so that the overlap loop also resolves a flight before a plain step. At each commit (the native
+    calls that free caches), after the step's plan was taken: what a thread reading `has_unfinished`
+    mid-step sees (the server's tests wait for idle so) must not be False while a cache is held."""
+    forced = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, golden_token_ids=(7, 200, 7))
+    windows = 0  # commits whose plan held caches of requests the scheduler no longer counts
+    for overlap, abort_after in itertools.product(("off", "on"), range(4)):
+        engine = Engine(model_dir, EngineConfig.from_flat(overlap=overlap, **BASE))
+        native, bad = engine.scheduler.native, []
+
+        def check(name: str, e: Engine = engine, n: Any = native, bad: list[str] = bad) -> Any:
+            def call(*args: Any) -> Any:
+                nonlocal windows
+                if not n.has_unfinished and not _holds_nothing(e):
+                    windows += 1
+                    if not e.has_unfinished:
+                        bad.append(name)
+                return getattr(n, name)(*args)
+
+            return call
+
+        class Watch:
+            def __getattr__(self, name: str, n: Any = native) -> Any:
+                return check(name) if name in ("advance", "advance_ahead", "resolve") else getattr(n, name)
+
+        engine.scheduler.native = Watch()
+        engine.add_request(0, PROMPTS[0], GREEDY)
+        for k in range(abort_after + 1):
+            engine.step()
+            if k == 0:
+                engine.add_request(1, PROMPTS[1], forced)
+        for rid in (0, 1):
+            engine.abort(rid)
+            engine.release(rid)
+        while engine.has_unfinished:
+            engine.step()
+        assert bad == [], (overlap, abort_after, bad)
+        engine.scheduler.native = native
+        _assert_nothing_held(engine)
+    assert windows > 0  # the aborts hit plans already made: their caches waited for a commit
+
+
 def test_preemption_and_prefix_hits_equal_plain_steps(model_dir) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(CacheBudgetError) as err:
         LLM(model_dir, max_model_len=64, cache_budget_bytes=1, enable_prefix_cache=False)
