@@ -2,7 +2,8 @@
 platform, with captured buckets replayed from Python (every piece's `CUDAGraph.replay()`) and from C++
 (one `ReplayTable.launch` per step; platform/cuda/runner.py). The host time is the wall time of
 `Session.run` with the GPU idle before the call (synchronized), so it is the CPU cost of padding,
-staging, the input copy and the launch, not the GPU's work.
+staging, the input copy and the launch, not the GPU's work. The two modes' sessions live side by side and
+are timed in alternating rounds, so a drift of the machine (clocks, other load) falls on both.
 
     python -m dsgraph.tools.bench.host_time [--out bench/host_time.json] [--batches 1 64] [--repeats 200]
 """
@@ -27,20 +28,55 @@ from dsgraph.tools.bench.steps import decode_step
 CONTEXT = 1024  # short: the host cost does not depend on the context, the cache memory does
 
 
-def host_ms(session: Any, step: dict[str, Any], repeats: int) -> dict[str, float]:
-    """Median and 90th percentile of the host wall time of `session.run(step)`, the GPU idle before."""
-    for _ in range(3):  # capture, then warm replays
-        session.run(step)
-    torch.cuda.synchronize()
+ROUNDS = 10  # the modes alternate in rounds (order flipped each round), so drift hits both alike
+
+
+def timed_runs(session: Any, step: dict[str, Any], count: int) -> list[float]:
+    """Host wall times (ms) of `count` calls of `session.run(step)`, the GPU idle before each."""
     times = []
-    for _ in range(repeats):
+    for _ in range(count):
         torch.cuda.synchronize()
         start = time.perf_counter()
         session.run(step)
         times.append((time.perf_counter() - start) * 1e3)
     torch.cuda.synchronize()
-    times.sort()
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    times = sorted(times)
     return {"median_ms": statistics.median(times), "p90_ms": times[int(0.9 * (len(times) - 1))]}
+
+
+def mode_session(model: Any, weights: Any, batch: int, mode: str) -> Any:
+    session = session_for(model, weights, batch, CONTEXT)
+    if mode == "python":  # before the first capture: no bucket is registered with C++
+        session.runner.table = None
+    elif session.runner.table is None:
+        raise SystemExit("host_time: the native module has no ReplayTable (rebuild it)")
+    fill_caches(session)
+    return session
+
+
+def measure_batch(model: Any, weights: Any, batch: int, repeats: int) -> dict[str, Any]:
+    """Both modes' sessions side by side, each captured and warmed, then timed in alternating rounds."""
+    step = decode_step(model, batch, CONTEXT)
+    sessions = {mode: mode_session(model, weights, batch, mode) for mode in ("python", "cpp")}
+    for session in sessions.values():
+        for _ in range(3):  # capture, then warm replays
+            session.run(step)
+    times: dict[str, list[float]] = {mode: [] for mode in sessions}
+    for r in range(ROUNDS):
+        for mode in sorted(sessions, reverse=r % 2 == 1):
+            times[mode] += timed_runs(sessions[mode], step, max(1, repeats // ROUNDS))
+    row: dict[str, Any] = {"batch": batch, "context": CONTEXT}
+    for mode, session in sessions.items():
+        row[mode] = summary(times[mode])
+        row[f"{mode}_graphs"] = sum(c.num_graphs for c in session.captured.values())
+    row["ratio_cpp_over_python"] = row["cpp"]["median_ms"] / row["python"]["median_ms"]
+    # the same step on the same caches' state: each session's caches took the same writes
+    row["same_logits"] = bool(torch.equal(*(s.run(step).clone() for s in sessions.values())))
+    return row
 
 
 def measure(batches: list[int], repeats: int) -> dict[str, Any]:
@@ -49,25 +85,9 @@ def measure(batches: list[int], repeats: int) -> dict[str, Any]:
     weights = random_serving_weights(cfg, synthetic_token_map(cfg))
     cases = []
     for batch in batches:
-        step = decode_step(model, batch, CONTEXT)
-        row: dict[str, Any] = {"batch": batch, "context": CONTEXT}
-        logits = {}
-        for mode in ("python", "cpp"):
-            session = session_for(model, weights, batch, CONTEXT)
-            if mode == "python":  # before the first capture: no bucket is registered with C++
-                session.runner.table = None
-            elif session.runner.table is None:
-                raise SystemExit("host_time: the native module has no ReplayTable (rebuild it)")
-            fill_caches(session)
-            row[mode] = host_ms(session, step, repeats)
-            row[f"{mode}_graphs"] = sum(c.num_graphs for c in session.captured.values())
-            logits[mode] = session.run(step).clone()
-            del session
-            torch.cuda.empty_cache()
-        row["ratio_cpp_over_python"] = row["cpp"]["median_ms"] / row["python"]["median_ms"]
-        row["same_logits"] = bool(torch.equal(logits["python"], logits["cpp"]))
-        cases.append(row)
-    return {"env": environment(), "repeats": repeats, "decode": cases}
+        cases.append(measure_batch(model, weights, batch, repeats))
+        torch.cuda.empty_cache()
+    return {"env": environment(), "repeats": repeats, "rounds": ROUNDS, "decode": cases}
 
 
 def main() -> None:
