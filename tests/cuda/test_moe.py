@@ -263,6 +263,38 @@ def test_moe_route_ties_go_to_the_lowest_id() -> None:
     assert torch.allclose(weights.cpu(), torch.full((3, 3), 1 / 3))
 
 
+def test_moe_route_selects_in_one_launch_with_the_sorts_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The selection kernel (moe_route_tl.py) against the cpu rule's stable descending sort, ids exactly:
+    ties of s + bias between different scores (lowest id first), a bias of -inf that rules an expert
+    out, a NaN key (first, as the sort puts it), a [1, E] bias broadcast to every row."""
+    from dsgraph.platform.cuda.kernels import moe_route_tl
+
+    launches: list[int] = []
+    real = moe_route_tl.launch_route_select
+    monkeypatch.setattr(moe_route_tl, "launch_route_select", lambda *a: launches.append(1) or real(*a))
+    gen = torch.Generator().manual_seed(9)
+    rows, hidden, num_experts = 5, 32, 12
+    u = torch.randn(rows, hidden, generator=gen)
+    gate_w = torch.randn(num_experts, hidden, generator=gen) * 0.3
+    p = SimpleNamespace(topk=4, routed_scaling=2.0)
+    # s + bias equal for experts 3 and 7 in every row: the bias makes up their score difference
+    s = torch.sqrt(torch.nn.functional.softplus(rowwise_linear(u, gate_w).double()).float())
+    bias = torch.zeros(rows, num_experts)
+    bias[:, 7] = s[:, 3] + 10.0 - s[:, 7]
+    bias[:, 3] = 10.0
+    bias[:, 5] = float("-inf")
+    for b in (bias, bias[:1], torch.full((num_experts,), 0.5)):
+        weights, ids = (t.cpu() for t in cuda_moe.moe_route(p, *_dev((u, gate_w, b))))
+        ref_weights, ref_ids = rules_moe.moe_route(p, u, gate_w, b)
+        assert torch.equal(ids, ref_ids)
+        assert torch.allclose(weights, ref_weights, rtol=2.0**-20, atol=0.0)
+    assert launches
+    nan_bias = torch.zeros(num_experts)
+    nan_bias[9] = float("nan")
+    ids = cuda_moe.moe_route(p, *_dev((u, gate_w, nan_bias)))[1].cpu()
+    assert (ids[:, 0] == 9).all() and torch.equal(ids, rules_moe.moe_route(p, u, gate_w, nan_bias)[1])
+
+
 @pytest.mark.gpu
 def test_moe_route_real_widths_on_gpu() -> None:
     gen = torch.Generator().manual_seed(4)

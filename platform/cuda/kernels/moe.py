@@ -1,8 +1,9 @@
 """CUDA rules of `moe_route`, `moe_experts` and `swiglu` (ops/moe.py; cpu meaning: platform/cpu/rules_moe.py).
 
 - moe_route: the gate GEMM through the batch-invariant linear kernel (FP32 out), then sqrt(softplus) in
-  f64 rounded once, the stable descending sort of s + bias (equal scores: lowest id first), the top-k and
-  the renormalisation, as torch ops on the device (element-wise or per row: batch invariant).
+  f64 rounded once (torch ops on the device, element-wise), then one launch (moe_route_tl.py) for the
+  top-k of s + bias in the stable descending order (equal scores: lowest id first) and the
+  renormalisation, one program per row: batch invariant.
 - moe_experts: four launches (moe_tl.py). The plan kernel sorts the (row, slot) pairs by expert id
   (stable, so by row within an expert) and writes the tile table (expert, first row, end row) for a grid
   bound known from the shapes; the w1/w3 grouped GEMM with the gemm_out rounding, clamped SwiGLU and
@@ -115,10 +116,21 @@ def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, 
     w = gate_w if u.dtype == gate_w.dtype else gate_w.float()
     logits = cuda_linear.linear(gemm, x, w)
     scores = torch.sqrt(F.softplus(logits.double()).float())
-    ids = torch.sort(scores + bias, dim=-1, descending=True, stable=True).indices[:, : p.topk]
-    chosen = scores.gather(1, ids)
-    weights = chosen / (chosen.sum(dim=-1, keepdim=True) + rules_moe._RENORM_EPS) * p.routed_scaling
-    return weights, ids.to(torch.int32)
+    rows, num_experts = scores.shape
+    if p.topk > num_experts or rows == 0:  # the sort's shapes (every expert, or nothing) in torch
+        ids = torch.sort(scores + bias, dim=-1, descending=True, stable=True).indices[:, : p.topk]
+        chosen = scores.gather(1, ids)
+        weights = chosen / (chosen.sum(dim=-1, keepdim=True) + rules_moe._RENORM_EPS) * p.routed_scaling
+        return weights, ids.to(torch.int32)
+    from dsgraph.platform.cuda.kernels import moe_route_tl
+
+    weights = torch.empty((rows, p.topk), dtype=torch.float32, device=scores.device)
+    ids = torch.empty((rows, p.topk), dtype=torch.int32, device=scores.device)
+    one_row = bias.dim() == 1 and bias.shape[0] == num_experts  # one bias for every row, or a row's each
+    bias = bias.float() if one_row else torch.broadcast_to(bias.float(), scores.shape)
+    eps = rules_moe._RENORM_EPS
+    moe_route_tl.launch_route_select(scores, bias, p.topk, p.routed_scaling, eps, weights, ids)
+    return weights, ids
 
 
 def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
@@ -271,7 +283,11 @@ RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "sw
 # GEMM through the linear kernel; the plan, the base or swap-AB expert GEMMs (with the swap path's
 # activation qdq) and the combine
 KERNELS: dict[str, tuple[str, ...]] = {
-    "moe_route": ("linear_tl.linear_kernel", "linear_tl.reduce_splits_kernel"),  # the dense gate
+    "moe_route": (  # the dense gate, then the selection
+        "linear_tl.linear_kernel",
+        "linear_tl.reduce_splits_kernel",
+        "moe_route_tl.route_select_kernel",
+    ),
     "moe_experts": (
         "moe_tl.plan_kernel",
         "moe_tl.expert_gemm_kernel",
