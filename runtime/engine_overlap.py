@@ -23,8 +23,8 @@ commit), then the step runs, is sampled, read and committed as in `Engine.run_pl
 logits hold NaN/+inf or whose sampled id is outside the vocabulary fails its request alone, as in plain
 steps (runtime/row_checks.py). With DSpark drafting on, `SpecOverlap` (runtime/spec_overlap.py)
 overlaps differently: a verify step's rows depend on the drafts of the step before, so it plans each
-step after the one before it is verified and drafted, and overlaps the host's commit work instead. Prefill chunks overlap like decode rows: their
-tokens are known on the host.
+step after the one before it is verified and drafted, and overlaps the host's commit work instead.
+Prefill chunks overlap like decode rows: their tokens are known on the host.
 """
 
 from __future__ import annotations
