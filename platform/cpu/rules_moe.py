@@ -24,9 +24,13 @@ _RENORM_EPS = 1e-20
 def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     # softplus in f64 (platform/cpu/invariant.py): torch's f32 kernel rounds by position in the tensor.
     scores = torch.sqrt(invariant.softplus(rowwise_linear(u.float(), gate_w.float())))
-    biased = scores + bias
+    return route_select(p, scores, bias)
+
+
+def route_select(p: Any, scores: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """The top-k experts of scores + bias and their renormalised unbiased scores (f32 weights, i32 ids)."""
     # A stable descending sort keeps equal scores in id order: ties go to the lowest expert id.
-    ids = torch.sort(biased, dim=-1, descending=True, stable=True).indices[:, : p.topk]
+    ids = torch.sort(scores + bias, dim=-1, descending=True, stable=True).indices[:, : p.topk]
     chosen = scores.gather(1, ids)
     weights = chosen / (chosen.sum(dim=-1, keepdim=True) + _RENORM_EPS) * p.routed_scaling
     return weights, ids.to(torch.int32)

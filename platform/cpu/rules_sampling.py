@@ -172,7 +172,7 @@ def _greedy_tokens(p: Any, logits: Tensor) -> tuple[Tensor, Tensor, Tensor, Tens
     with no finite logit; the log-probabilities are not computed."""
     rows, k = logits.shape[0], p.num_top_logprobs
     dead = ~(logits > _NEG_INF).any(-1)
-    token = torch.where(dead, -1, logits.argmax(-1)) if rows else logits.new_zeros(0, dtype=torch.long)
+    token = torch.where(dead, -1, logits.argmax(-1))
     nan = float("nan")
     top_ids = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     return token.int(), logits.new_full((rows,), nan), logits.new_full((rows, k), nan), top_ids

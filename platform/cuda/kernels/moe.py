@@ -117,11 +117,8 @@ def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, 
     logits = cuda_linear.linear(gemm, x, w)
     scores = torch.sqrt(F.softplus(logits.double()).float())
     rows, num_experts = scores.shape
-    if p.topk > num_experts or rows == 0:  # the sort's shapes (every expert, or nothing) in torch
-        ids = torch.sort(scores + bias, dim=-1, descending=True, stable=True).indices[:, : p.topk]
-        chosen = scores.gather(1, ids)
-        weights = chosen / (chosen.sum(dim=-1, keepdim=True) + rules_moe._RENORM_EPS) * p.routed_scaling
-        return weights, ids.to(torch.int32)
+    if p.topk > num_experts or rows == 0:  # the sort's shapes (every expert, or nothing): torch's
+        return rules_moe.route_select(p, scores, bias)
     from dsgraph.platform.cuda.kernels import moe_route_tl
 
     weights = torch.empty((rows, p.topk), dtype=torch.float32, device=scores.device)
