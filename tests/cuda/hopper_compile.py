@@ -283,10 +283,12 @@ def _moe_swap(variants: list[Any]) -> None:
                 )
                 meta |= dict(BLOCK_W=t.block_w, BLOCK_T=t.block_t, BLOCK_K=t.block_k)
                 meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0, SCALED=t.scaled, ASM=t.asm)
-                print(f"swap {'gated' if gated else 'down'} {t}", flush=True)
-                _without_spills(
-                    moe_swap_tl.swap_gemm_kernel, gemm, meta, t.num_warps, True, t.num_stages, aligned
-                )
+                for one in (False, True) if t.asm else (False,):  # the asm upcast's two forms
+                    print(f"swap {'gated' if gated else 'down'} {t}{' one' if one else ''}", flush=True)
+                    _without_spills(
+                        moe_swap_tl.swap_gemm_kernel, gemm, meta | dict(ONE=one), t.num_warps, True,
+                        t.num_stages, aligned,
+                    )  # fmt: skip
 
 
 def _linear(every: bool) -> None:

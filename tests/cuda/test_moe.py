@@ -37,6 +37,7 @@ from dsgraph.platform.cpu import rules_moe  # noqa: E402
 from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp4_rows_quantize  # noqa: E402
 from dsgraph.platform.cpu.step_rows import rowwise_linear  # noqa: E402
 from dsgraph.platform.cuda.kernels import moe as cuda_moe  # noqa: E402
+from dsgraph.platform.cuda.kernels.scale_bound import scales_at_most_128  # noqa: E402
 from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 
@@ -551,7 +552,8 @@ def _extreme_scales(ws: tuple[torch.Tensor, ...], gen: torch.Generator) -> tuple
 def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[int, int]) -> None:
     """The inline-PTX upcast gives each packed byte its own scale, so its bits may not depend on how
     Triton lays the bytes out over the threads: every (weight rows, warps) layout must match the kernel's
-    own word-wise dequantization bit for bit (NaN where it has NaN), extreme scale bytes included."""
+    own word-wise dequantization bit for bit (NaN where it has NaN), in its one-multiply form (every
+    scale byte at most 128) and in its two-multiply form (extreme scale bytes)."""
     block_w, warps = layout
     asm = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3, asm=True)
     ref = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3)
@@ -561,8 +563,9 @@ def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[in
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
     ids, weights = _routing(rows, num_experts, k, gen)
     ws = _expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen)
-    for case in (ws, _extreme_scales(ws, gen)):
+    for case, one in ((ws, True), (_extreme_scales(ws, gen), False)):  # the PTX's two forms
         args = _dev((x, ids, weights, *case))
+        assert scales_at_most_128(*args[6:9]) is one
         got = MOE_EXPERTS(p, *args, swap=((1 << 62, asm, asm),))
         want = MOE_EXPERTS(p, *args, swap=((1 << 62, ref, ref),))
         assert got.isfinite().any(), "the case must test finite values too"

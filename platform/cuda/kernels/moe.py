@@ -16,7 +16,9 @@
   columns), with tiles chosen by the step's row bucket (SWAP_BUCKETS; BLOCK_T 16 at decode); an extra
   launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
   one's. The decode tiles upcast the packed weights with inline PTX (SwapTiles.asm: the same BF16 values
-  as tl.dot_scaled's upcast, fewer instructions); the prefill tiles dequantize in the kernel.
+  as tl.dot_scaled's upcast, fewer instructions; one multiply per code pair fewer where every scale byte
+  is at most 128, known on the host per tensor: scale_bound.py); the prefill tiles dequantize in the
+  kernel.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -37,6 +39,7 @@ from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
+from dsgraph.platform.cuda.kernels.scale_bound import scales_at_most_128
 
 __all__ = [
     "DOWN_TILES",
@@ -205,7 +208,9 @@ def moe_experts(
     s1, s3, s2 = (s.contiguous().view(torch.uint8) for s in ws[3:]) if fp4 else (None, None, None)
     ids = ids.to(torch.int32).contiguous()
     if swap is not None and _swap_covers(p, x):
-        return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), swap)
+        # the bound is kept per tensor object: read it on the caller's scale tensors, not on the views
+        one = any(t.asm for _, *tiles in swap for t in tiles) and scales_at_most_128(*ws[3:6])
+        return _swap_experts(p, x, ids, weights.contiguous(), (w1, s1, w3, s3, w2, s2), swap, one)
     plan = _plan(ids, weights.contiguous(), num_experts, GATED_TILES[0])
     tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
     config = _expert_config(p, x, w1, GATED_TILES)
@@ -228,7 +233,9 @@ def _swap_covers(p: Any, x: Tensor) -> bool:
     return p.weight_format == "mxfp4_rows" and (p.act_quant == "fp8_g32" or x.dtype == torch.bfloat16)
 
 
-def _swap_config(p: Any, x: Tensor, tiles: SwapTiles) -> dict[str, Any]:
+def _swap_config(p: Any, x: Tensor, tiles: SwapTiles, one: bool) -> dict[str, Any]:
+    """one: every scale byte of the weights is at most 128 (scale_bound.py): the asm upcast's one-multiply
+    form."""
     from dsgraph.platform.cuda.kernels import moe_tl
 
     return dict(
@@ -241,11 +248,12 @@ def _swap_config(p: Any, x: Tensor, tiles: SwapTiles) -> dict[str, Any]:
         num_stages=tiles.num_stages,
         SCALED=tiles.scaled and x.is_cuda,
         ASM=tiles.asm and x.is_cuda,
+        ONE=tiles.asm and x.is_cuda and one,
     )
 
 
 def _swap_experts(
-    p: Any, x: Tensor, ids: Tensor, weights: Tensor, ws: tuple[Tensor, ...], buckets: SwapBuckets
+    p: Any, x: Tensor, ids: Tensor, weights: Tensor, ws: tuple[Tensor, ...], buckets: SwapBuckets, one: bool
 ) -> Tensor:
     """moe_experts through the swap-AB kernels (moe_swap_tl.py); the tiles follow the row bucket."""
     from dsgraph.platform.cuda.kernels import moe_swap_tl, moe_tl
@@ -261,14 +269,14 @@ def _swap_experts(
     plan = _plan(ids, weights, num_experts, gated.block_t)
     tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
     act = torch.empty((ids.numel(), inter), dtype=torch.bfloat16, device=x.device)
-    config = _swap_config(p, x, gated) | dict(QDQ_OUT=p.act_quant == "fp8_g32")
+    config = _swap_config(p, x, gated, one) | dict(QDQ_OUT=p.act_quant == "fp8_g32")
     limit = float(p.swiglu_limit)
     moe_swap_tl.launch_swap_gemm(a, plan["token"], (w1, s1, w3, s3), plan["route"], tiles, act, limit, config)
     y = torch.empty((ids.numel(), hidden), dtype=to_torch(p.gemm_out_dtype), device=x.device)
     if down.block_t != gated.block_t:
         plan = _plan(ids, weights, num_experts, down.block_t)
         tiles = (plan["tile_expert"], plan["tile_start"], plan["tile_end"])
-    config = _swap_config(p, x, down) | dict(QDQ_OUT=False)
+    config = _swap_config(p, x, down, one) | dict(QDQ_OUT=False)
     moe_swap_tl.launch_swap_gemm(act, None, (w2, s2, None, None), None, tiles, y, limit, config)
     out = torch.empty(x.shape, dtype=to_torch(p.out_dtype), device=x.device)
     moe_tl.launch_combine(y, ids, plan["position"], num_experts, out)

@@ -112,39 +112,58 @@ def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl
     return w
 
 
-# Four E2M1 bytes ($4) and each byte's scale 2^(s-127) as a BF16x2 pair ($5..$8, byte i's in $5+i) ->
-# per byte i the BF16x2 register $i of (low nibble's value, high nibble's value), the pair of consecutive
-# columns the dot's operand register holds, so nothing repacks them. Which 32-code group a packed byte
-# belongs to depends on the register layout Triton picks, so every byte takes its own scale. The word
-# shifted by 4 holds each byte's low nibble where the plain byte holds its high one (bits 4..7): one PRMT
-# takes byte i shifted into the low half and plain into the high half, and a mask, one multiply (by 0x104:
-# two copies of each masked nibble, magnitude at bits 6..8 and sign at 15 of its half) and a mask form two
-# BF16s of value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals); x 2^126 then x 2^(s-127),
-# each exact.
-def _e2m1_pairs_asm() -> str:
-    """The PTX of _E2M1_PAIRS_ASM: a shift, then one 6-instruction block per byte."""
+# Four E2M1 bytes ($4) and each byte's scale as a BF16x2 pair ($5..$8, byte i's in $5+i) -> per byte i
+# the BF16x2 register $i of (low nibble's value, high nibble's value), the pair of consecutive columns the
+# dot's operand register holds, so nothing repacks them. Which 32-code group a packed byte belongs to
+# depends on the register layout Triton picks, so every byte takes its own scale. The word shifted by 4
+# holds each byte's low nibble where the plain byte holds its high one (bits 4..7): one PRMT takes byte i
+# shifted into the low half and plain into the high half, and a mask, one multiply (by 0x104: two copies
+# of each masked nibble, magnitude at bits 6..8 and sign at 15 of its half) and a mask form two BF16s of
+# value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals). ONE: the scale pair is 2^(s-1), which
+# BF16 holds for s <= 128, and one exact multiply gives value x 2^(s-127); else x 2^126, then x 2^(s-127).
+def _e2m1_pairs_asm(one: bool) -> str:
+    """The PTX of _E2M1_PAIRS_ASM (_ONE with one): a shift, then 5 (one) or 6 instructions per byte."""
     lines = ["{", ".reg .b32 u, t, c;", "mov.b32 c, 0x7E807E80;", "shl.b32 u, $4, 4;"]
     for i in range(4):
         lines += [f"prmt.b32 t, u, $4, 0x{4 + i}{4 + i}{i}{i};", "and.b32 t, t, 0x00F000F0;"]
         lines += ["mul.lo.u32 t, t, 0x104;", "and.b32 t, t, 0x81C081C0;"]
-        lines += ["mul.rn.bf16x2 t, t, c;", f"mul.rn.bf16x2 ${i}, t, ${5 + i};"]
+        lines += [] if one else ["mul.rn.bf16x2 t, t, c;"]
+        lines += [f"mul.rn.bf16x2 ${i}, t, ${5 + i};"]
     return "\n".join([*lines, "}"])
 
 
-_E2M1_PAIRS_ASM = tl.constexpr(_e2m1_pairs_asm())
+_E2M1_PAIRS_ASM = tl.constexpr(_e2m1_pairs_asm(False))
+_E2M1_PAIRS_ASM_ONE = tl.constexpr(_e2m1_pairs_asm(True))
 
 
 @triton.jit
-def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Packed bytes [BLOCK_W, BLOCK_K // 2] and UE8M0 scales [BLOCK_W, BLOCK_K // 32] -> [BLOCK_W, BLOCK_K]
-    BF16 through _E2M1_PAIRS_ASM (four bytes and their four scales per call)."""
+def _asm_scales(s, ONE: tl.constexpr):
+    """UE8M0 bytes -> the scale pairs of _E2M1_PAIRS_ASM(_ONE) as BF16 bits twice: ONE: 2^(s-1), exponent
+    field s + 126 (s <= 128); else 2^(s-127), exponent field s except for byte 0 (2^-127, a subnormal)
+    and 255 (NaN)."""
     s = s.to(tl.int32) & 0xFF
-    # 2^(s-127) twice as BF16 bits: exponent field s, except byte 0 (2^-127, a subnormal) and 255 (NaN)
-    f = tl.where(s == 0, 0x00400040, tl.where(s == 255, 0x7FC07FC0, s * 0x00800080))
+    if ONE:
+        f = s * 0x00800080 + 0x3F003F00
+    else:
+        f = tl.where(s == 0, 0x00400040, tl.where(s == 255, 0x7FC07FC0, s * 0x00800080))
+    return f
+
+
+@triton.jit
+def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, ONE: tl.constexpr):
+    """Packed bytes [BLOCK_W, BLOCK_K // 2] and UE8M0 scales [BLOCK_W, BLOCK_K // 32] -> [BLOCK_W, BLOCK_K]
+    BF16 through _E2M1_PAIRS_ASM (four bytes and their four scales per call); ONE only where every scale
+    byte of the weights is at most 128 (the launch's ONE: moe.py checks the scales once per tensor)."""
+    f = _asm_scales(s, ONE)
     f = tl.reshape(tl.broadcast_to(f[:, :, None], (BLOCK_W, BLOCK_K // 32, 16)), (BLOCK_W, BLOCK_K // 2))
-    pairs = tl.inline_asm_elementwise(
-        _E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
-    )
+    if ONE:
+        pairs = tl.inline_asm_elementwise(
+            _E2M1_PAIRS_ASM_ONE, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
+        )
+    else:
+        pairs = tl.inline_asm_elementwise(
+            _E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
+        )
     # the halves of one register: the compiler hands the register to the dot as it is
     lo = (pairs & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
     hi = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -153,10 +172,10 @@ def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _dot_packed(b, s, a, acc, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr,
-                SCALED: tl.constexpr, ASM: tl.constexpr = False):  # fmt: skip
+                SCALED: tl.constexpr, ASM: tl.constexpr = False, ONE: tl.constexpr = False):  # fmt: skip
     """acc + W . a for W the packed bytes b and scales s (from _load_packed): BF16 dot, FP32 sums."""
     if ASM:
-        w = _dequantize_asm(b, s, BLOCK_W, BLOCK_K)
+        w = _dequantize_asm(b, s, BLOCK_W, BLOCK_K, ONE)
         acc = tl.dot(w, a, acc, input_precision="ieee", out_dtype=tl.float32)
     elif SCALED:
         packed = b.to(tl.uint8, bitcast=True)  # the weights are stored as int8
@@ -208,7 +227,7 @@ def _gated(g, acc_v, route, limit, GEMM_DTYPE: tl.constexpr, QDQ_OUT: tl.constex
 def _streamed_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask,
                    K_SIZE: tl.constexpr, GATED: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, SCALED: tl.constexpr,
-                   ASM: tl.constexpr):  # fmt: skip
+                   ASM: tl.constexpr, ONE: tl.constexpr = False):  # fmt: skip
     """(W . a^T, V . a^T) over K with the loads of the current chunk only: the packed bytes reach the
     upcast (dot_scaled's, or the inline PTX) from shared memory, so Triton's pipeliner stages them
     num_stages - 1 chunks ahead with async copies (more bytes in flight than a register prefetch)."""
@@ -217,10 +236,10 @@ def _streamed_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs
     for k0 in range(0, K_SIZE, BLOCK_K):
         a = _load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE)
         wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
-        acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
+        acc = _dot_packed(wb, ws, a, acc, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM, ONE)
         if GATED:
             vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, False)
-            acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM)
+            acc_v = _dot_packed(vb, vs, a, acc_v, BLOCK_W, BLOCK_K, WIDE, SCALED, ASM, ONE)
     return acc, acc_v
 
 
@@ -277,6 +296,7 @@ def swap_gemm_kernel(
     EVEN: tl.constexpr,
     SCALED: tl.constexpr = False,
     ASM: tl.constexpr = False,
+    ONE: tl.constexpr = False,
 ) -> None:
     """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
     GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
@@ -299,7 +319,7 @@ def swap_gemm_kernel(
         if SCALED or ASM:
             acc, acc_v = _streamed_dots(
                 a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask, K_SIZE,
-                GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN, SCALED, ASM,
+                GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN, SCALED, ASM, ONE,
             )  # fmt: skip
         else:
             acc, acc_v = _prefetched_dots(
