@@ -37,7 +37,7 @@ from dsgraph.platform.cpu import rules_moe  # noqa: E402
 from dsgraph.platform.cpu.quant import fp4_rows_dequantize, fp4_rows_quantize  # noqa: E402
 from dsgraph.platform.cpu.step_rows import rowwise_linear  # noqa: E402
 from dsgraph.platform.cuda.kernels import moe as cuda_moe  # noqa: E402
-from dsgraph.platform.cuda.kernels.scale_bound import scales_at_most_128  # noqa: E402
+from dsgraph.platform.cuda.scale_bound import scales_at_most_128  # noqa: E402
 from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The host-side bound that picks the asm MoE upcast's one-multiply form (cuda/kernels/scale_bound.py):
+"""The host-side bound that picks the asm MoE upcast's one-multiply form (cuda/scale_bound.py):
 right for every byte, read once per tensor version, never read back during a capture."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsgraph.platform.cuda.kernels import scale_bound
-from dsgraph.platform.cuda.kernels.scale_bound import scales_at_most_128
+from dsgraph.platform.cuda import scale_bound
+from dsgraph.platform.cuda.scale_bound import scales_at_most_128
 from tests.cuda.kernel_env import DEVICE, ON_GPU
 
 

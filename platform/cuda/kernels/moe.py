@@ -17,7 +17,7 @@
   launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
   one's. The decode tiles upcast the packed weights with inline PTX (SwapTiles.asm: the same BF16 values
   as tl.dot_scaled's upcast, fewer instructions; one multiply per code pair fewer where every scale byte
-  is at most 128, known on the host per tensor: scale_bound.py); the prefill tiles dequantize in the
+  is at most 128, known on the host per tensor: ../scale_bound.py); the prefill tiles dequantize in the
   kernel.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
@@ -39,7 +39,7 @@ from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
-from dsgraph.platform.cuda.kernels.scale_bound import scales_at_most_128
+from dsgraph.platform.cuda.scale_bound import scales_at_most_128
 
 __all__ = [
     "DOWN_TILES",
@@ -234,7 +234,7 @@ def _swap_covers(p: Any, x: Tensor) -> bool:
 
 
 def _swap_config(p: Any, x: Tensor, tiles: SwapTiles, one: bool) -> dict[str, Any]:
-    """one: every scale byte of the weights is at most 128 (scale_bound.py): the asm upcast's one-multiply
+    """one: every scale byte of the weights is at most 128 (../scale_bound.py): the asm upcast's one-multiply
     form."""
     from dsgraph.platform.cuda.kernels import moe_tl
 
