@@ -126,8 +126,9 @@ def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, 
 
     weights = torch.empty((rows, p.topk), dtype=torch.float32, device=scores.device)
     ids = torch.empty((rows, p.topk), dtype=torch.int32, device=scores.device)
-    one_row = bias.dim() == 1 and bias.shape[0] == num_experts  # one bias for every row, or a row's each
-    bias = bias.float() if one_row else torch.broadcast_to(bias.float(), scores.shape)
+    # one bias for every row ([E] or [1, E]: read with row stride 0, no copy per row), or a row's each
+    one_row = bias.shape[-1] == num_experts and bias.numel() == num_experts
+    bias = bias.float().reshape(num_experts) if one_row else torch.broadcast_to(bias.float(), scores.shape)
     eps = rules_moe._RENORM_EPS
     moe_route_tl.launch_route_select(scores, bias, p.topk, p.routed_scaling, eps, weights, ids)
     return weights, ids
