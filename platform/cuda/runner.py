@@ -34,6 +34,10 @@ def _on(value: Any, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 class Runner:
     def __init__(
         self,
@@ -55,6 +59,7 @@ class Runner:
         self.pads = True
         self.table = replay_table
         self.native_keys: dict[Key, list[int]] = {}  # bucket -> its key in the native table
+        self._index = None if device.type != "cuda" else _device_index(device)
 
     def capture_facts(self) -> dict[str, Any]:
         """What capturing found out that a start from a bundle can reuse: which rules can be captured."""
@@ -104,7 +109,8 @@ class Runner:
         return captured.outputs
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        # the raw handle without building a torch Stream object: this is on every replayed step
+        return torch._C._cuda_getCurrentRawStream(self._index) if self._index is not None else 0
 
     def _captured(
         self,
