@@ -226,7 +226,7 @@ def _moe(every: bool = False) -> None:
         _compile(moe_tl.combine_kernel, {**combine, "num_experts": "i32", "hidden": "i32"}, meta, 4)
     from dsgraph.platform.cuda.kernels import moe_route_tl
 
-    select = {"s_ptr": "*fp32", "bias_ptr": "*fp32", "bias_row_stride": "i32", "weights_ptr": "*fp32"}
+    select = {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "bias_row_stride": "i32", "weights_ptr": "*fp32"}
     select |= {"ids_ptr": "*i32", "num_experts": "i32", "routed_scaling": "fp32", "eps": "fp32"}
     _compile(moe_route_tl.route_select_kernel, select, dict(TOPK=6, BLOCK_K=8, BLOCK_E=512), 4)
     tiles = {"tile_expert_ptr": "*i32", "tile_start_ptr": "*i32", "tile_end_ptr": "*i32"}

@@ -296,6 +296,27 @@ def test_moe_route_selects_in_one_launch_with_the_sorts_order(monkeypatch: pytes
     assert (ids[:, 0] == 9).all() and torch.equal(ids, rules_moe.moe_route(p, u, gate_w, nan_bias)[1])
 
 
+def test_moe_route_scores_in_the_kernel_follow_softplus_over_its_whole_range() -> None:
+    """The kernel's sqrt(softplus) of the logits (f64 softplus, f32 root) against the cpu rule's over logits
+    from -60 to 60 (log1p's small-argument range, the switch at 20, exact zeros): one-hot rows make each
+    row's logits one column of the gate weight, exactly (consecutive values of the sorted range, so each
+range is among some row's top-k); ids equal, weights within an f32 ulp."""
+    num_experts, topk = 64, 8
+    grid = torch.cat([torch.linspace(-60, 60, 1601), torch.tensor([0.0, 20.0, 20.0001, 19.9999, -20.0])])
+    columns = -(-grid.numel() // num_experts)
+    gate_w = torch.zeros(num_experts * columns)
+    gate_w[: grid.numel()] = grid.sort().values
+    # [E, columns]: row r of u picks column r, 64 consecutive logits, so every range gets selected
+    gate_w = gate_w.reshape(columns, num_experts).T.contiguous()
+    u = torch.eye(columns)
+    p = SimpleNamespace(topk=topk, routed_scaling=1.5)
+    bias = torch.zeros(num_experts)
+    weights, ids = (t.cpu() for t in cuda_moe.moe_route(p, *_dev((u, gate_w, bias))))
+    ref_weights, ref_ids = rules_moe.moe_route(p, u, gate_w, bias)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(weights, ref_weights, rtol=2.0**-21, atol=0.0)
+
+
 @pytest.mark.gpu
 def test_moe_route_real_widths_on_gpu() -> None:
     gen = torch.Generator().manual_seed(4)

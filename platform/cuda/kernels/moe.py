@@ -118,19 +118,18 @@ def moe_route(p: Any, u: Tensor, gate_w: Tensor, bias: Tensor) -> tuple[Tensor, 
     x = u if u.dtype == gate_w.dtype else u.float()
     w = gate_w if u.dtype == gate_w.dtype else gate_w.float()
     logits = cuda_linear.linear(gemm, x, w)
-    scores = torch.sqrt(F.softplus(logits.double()).float())
-    rows, num_experts = scores.shape
+    rows, num_experts = logits.shape
     if p.topk > num_experts or rows == 0:  # the sort's shapes (every expert, or nothing): torch's
-        return rules_moe.route_select(p, scores, bias)
+        return rules_moe.route_select(p, torch.sqrt(F.softplus(logits.double()).float()), bias)
     from dsgraph.platform.cuda.kernels import moe_route_tl
 
-    weights = torch.empty((rows, p.topk), dtype=torch.float32, device=scores.device)
-    ids = torch.empty((rows, p.topk), dtype=torch.int32, device=scores.device)
+    weights = torch.empty((rows, p.topk), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((rows, p.topk), dtype=torch.int32, device=logits.device)
     # one bias for every row ([E] or [1, E]: read with row stride 0, no copy per row), or a row's each
     one_row = bias.shape[-1] == num_experts and bias.numel() == num_experts
-    bias = bias.float().reshape(num_experts) if one_row else torch.broadcast_to(bias.float(), scores.shape)
+    bias = bias.float().reshape(num_experts) if one_row else torch.broadcast_to(bias.float(), logits.shape)
     eps = rules_moe._RENORM_EPS
-    moe_route_tl.launch_route_select(scores, bias, p.topk, p.routed_scaling, eps, weights, ids)
+    moe_route_tl.launch_route_select(logits.contiguous(), bias, p.topk, p.routed_scaling, eps, weights, ids)
     return weights, ids
 
 
