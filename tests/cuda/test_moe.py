@@ -300,7 +300,7 @@ def test_moe_route_scores_in_the_kernel_follow_softplus_over_its_whole_range() -
     """The kernel's sqrt(softplus) of the logits (f64 softplus, f32 root) against the cpu rule's over logits
     from -60 to 60 (log1p's small-argument range, the switch at 20, exact zeros): one-hot rows make each
     row's logits one column of the gate weight, exactly (consecutive values of the sorted range, so each
-range is among some row's top-k); ids equal, weights within an f32 ulp."""
+    range is among some row's top-k); ids equal, weights within an f32 ulp."""
     num_experts, topk = 64, 8
     grid = torch.cat([torch.linspace(-60, 60, 1601), torch.tensor([0.0, 20.0, 20.0001, 19.9999, -20.0])])
     columns = -(-grid.numel() // num_experts)

@@ -1,10 +1,11 @@
 """`moe_route` after the gate GEMM in one launch (rule in moe.py, which imports this lazily): from a row's
 gate logits, the expert scores s = sqrt(softplus(logit)) as the cpu rule computes them (softplus in f64,
-rounded to f32, then f32 square root), and with the selection bias the top-k experts of s + bias in a stable descending order (equal keys: the lowest id first; NaN before
-everything, as torch's descending sort puts it), their unbiased scores renormalised to sum to
-`routed_scaling` (the sum taken in selection order, f32). One program per row, so a row's result never
-depends on the batch. It replaces the bias add, torch's radix sort, the gathers and the renormalisation's
-element-wise kernels: fourteen launches per MoE layer at decode."""
+rounded to f32, then the f32 square root), and with the selection bias the top-k experts of s + bias in a
+stable descending order (equal keys: the lowest id first; NaN before everything, as torch's descending
+sort puts it), their unbiased scores renormalised to sum to `routed_scaling` (the sum taken in selection
+order, f32). One program per row, so a row's result never depends on the batch. It replaces the score's
+element-wise kernels, the bias add, torch's radix sort, the gathers and the renormalisation's kernels:
+fourteen launches per MoE layer at decode."""
 
 from __future__ import annotations
 
