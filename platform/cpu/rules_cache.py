@@ -132,6 +132,21 @@ def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
     return used.scatter_reduce(0, seq, real.int(), "amax").bool()
 
 
+def check_closing_rows(positions: Tensor, closes: Tensor, start: Tensor, seq: Tensor) -> None:
+    """A closing row whose group's first token is in the chunk (position > its seq_start) follows the row
+    of position - 1 of its sequence; else a ValueError naming the row (shared with the cuda rule)."""
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    prev = (rows - 1).clamp_min(0)
+    inside = closes & (positions.long() != start)
+    broken = inside & ((rows == 0) | (seq[prev] != seq) | (positions[prev] != positions - 1))
+    if bool(broken.any()):
+        t = int(broken.nonzero()[0, 0])
+        raise ValueError(
+            f"compress: row {t} (position {int(positions[t])}) does not follow the row of position "
+            f"{int(positions[t]) - 1} of its sequence; rows of a sequence must be contiguous and consecutive"
+        )
+
+
 def _first_token(
     kv: Tensor,
     gate: Tensor,
@@ -146,16 +161,9 @@ def _first_token(
     the chunk, or that position's entry of the slot's state ring when the chunk starts at the odd position.
     `start` and `slot` are the row's seq_start and seq_slot (per_row)."""
     from_state = positions.long() == start
-    rows = torch.arange(positions.shape[0], device=positions.device)
-    prev = (rows - 1).clamp_min(0)
-    inside = closes & ~from_state
-    broken = inside & ((rows == 0) | (seq[prev] != seq) | (positions[prev] != positions - 1))
-    if checking() and bool(broken.any()):
-        t = int(broken.nonzero()[0, 0])
-        raise ValueError(
-            f"compress: row {t} (position {int(positions[t])}) does not follow the row of position "
-            f"{int(positions[t]) - 1} of its sequence; rows of a sequence must be contiguous and consecutive"
-        )
+    prev = (torch.arange(positions.shape[0], device=positions.device) - 1).clamp_min(0)
+    if checking():
+        check_closing_rows(positions, closes, start, seq)
     slot_state = state[slot, (positions.long() - 1) % state.shape[1]]  # [T, 2, D]
     use_state = (closes & from_state).unsqueeze(1)
     first_kv = torch.where(use_state, slot_state[:, 0], kv[prev])

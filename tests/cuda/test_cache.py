@@ -148,3 +148,13 @@ def test_compress_matches_the_cpu_rule_and_updates_the_state_in_place(ratio: int
         assert got[2] is device_args[3]
         torch.testing.assert_close(got[2].cpu(), want[2], rtol=1e-5, atol=1e-5)
         assert not torch.equal(want[2], args[3]), "the step must change the state"
+
+
+def test_compress_names_a_closing_row_that_does_not_follow_its_group_start() -> None:
+    """Checked, the cuda rule raises the cpu rule's error for a closing row whose previous row is not the
+    position before it (here position 5 after 3): the kernel would pool with the wrong first token."""
+    args = _compress_operands(2, torch.float32)
+    args[-4] = _i32([3, 5, 4, 6, 7, 0, 1, 0])
+    for rule in (rules_cache.compress, cache.compress):
+        with pytest.raises(ValueError, match=r"row 1 \(position 5\) does not follow the row of position 4"):
+            rule(SimpleNamespace(ratio=2), *on_device(args))

@@ -8,8 +8,9 @@ unless `step_rows.unchecked()` is active or a CUDA graph is being captured; unch
 target is out of range writes nothing.
 
 `compress` (in place on its state operand for ratio 2): the projections through the cuda `linear` rule
-(dense weight, f32 output: IEEE f32 dots, fixed tiles), the pooling in torch as the cpu rule does it,
-and the state ring written by a Triton row copy; no host sync, no data-dependent shape.
+(dense weight, f32 output: IEEE f32 dots, fixed tiles), then ratio 2's pooling in one Triton launch
+(cache_tl.compress_pool_kernel: the cpu rule's first-token lookup and f64 softmax of two gates) before
+the state ring's update by a Triton row copy; no host sync, no data-dependent shape.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.ops.nn import LinearParams
-from dsgraph.platform.cpu import invariant, rules_cache
+from dsgraph.platform.cpu import rules_cache
 from dsgraph.platform.cpu.step_rows import (
     per_row,
     real_rows,
@@ -109,35 +110,50 @@ def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
     return used
 
 
-def _write_state(
-    state: Tensor, kv: Tensor, gate: Tensor, positions: Tensor, real: Tensor, seq: Tensor, slot: Tensor,
-    num_seqs: int,
-) -> None:  # fmt: skip
+def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> None:
     """The cpu rule's ring update: each sequence's rows among the C newest positions of its chunk."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
-    ring_len, pos = state.shape[1], positions.long()
+    positions, seq_ids, seq_slot, _ = operands
+    ring_len, num_seqs = state.shape[1], seq_slot.shape[0]
+    real, seq = seq_ids >= 0, seq_ids.clamp_min(0).long()
     # Newest position per sequence without a boolean-mask index (that would read the mask on the host).
-    last = torch.full((max(num_seqs, 1),), -1, dtype=torch.long, device=pos.device)
-    last = last.scatter_reduce(0, seq, torch.where(real, pos, -1), "amax")
-    write = real & (pos > last[seq] - ring_len)
+    last = torch.full((max(num_seqs, 1),), -1, dtype=torch.long, device=positions.device)
+    last = last.scatter_reduce(0, seq, torch.where(real, positions.long(), -1), "amax")
     if should_check(kv):
-        rows = write.nonzero().squeeze(1)
+        pos, slot = positions.long(), per_row(seq_slot, seq, real)
+        rows = (real & (pos > last[seq] - ring_len)).nonzero().squeeze(1)
         index = slot[rows] * ring_len + pos[rows] % ring_len
         require_unique("compress", index, rows, "one compressor state ring row")
     width = kv.shape[1]
     K.compress_state_kernel[(kv.shape[0],)](
-        state, kv.contiguous(), gate.contiguous(), write.view(torch.uint8), positions.contiguous(),
-        slot.to(torch.int32), state.shape[0], ring_len, WIDTH=width, BLOCK=_next_pow2(width),
-        num_warps=NUM_WARPS,
+        state, kv.contiguous(), gate.contiguous(), positions.contiguous(), seq_ids.contiguous(),
+        seq_slot.contiguous(), last, num_seqs, state.shape[0], ring_len, WIDTH=width,
+        BLOCK=_next_pow2(width), num_warps=NUM_WARPS,
     )  # fmt: skip
+
+
+def _pool(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+    """Ratio 2's (latent [T, D] f32, closes [T] bool) in one launch, reading the ring before its update."""
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    positions, seq_ids, seq_slot, seq_start = (t.contiguous() for t in operands)
+    latent = torch.empty_like(kv)
+    closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+    width = kv.shape[1]
+    K.compress_pool_kernel[(kv.shape[0],)](
+        latent, closes.view(torch.uint8), kv.contiguous(), gate.contiguous(), state, positions, seq_ids,
+        seq_slot, seq_start, seq_slot.shape[0], state.shape[0], state.shape[1], WIDTH=width,
+        BLOCK=_next_pow2(width), num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return latent, closes
 
 
 def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     u, wkv = operands[0], operands[1]
     if not runs_kernels(u):
         return rules_cache.compress_into(p, *operands)
-    positions, seq_ids, seq_slot, seq_start = operands[-4:]
+    positions, seq_ids, seq_slot, seq_start = step = operands[-4:]
     real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
     kv = _project(u, wkv)
     if p.ratio == 1:
@@ -147,15 +163,13 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     if should_check(u):
         used = _used_seqs(seq, real, seq_slot.shape[0])
         require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=used)
+        closing = real & (positions % 2 == 1)
+        rules_cache.check_closing_rows(positions, closing, per_row(seq_start, seq, real), seq)
     gate = _project(u, wgate)
-    closes = real & (positions % 2 == 1)
-    slot, start = per_row(seq_slot, seq, real), per_row(seq_start, seq, real)
-    first_kv, first_gate = rules_cache._first_token(kv, gate, state, positions, closes, start, slot, seq)
-    values = torch.stack((first_kv, kv), dim=1)
-    weights = invariant.softmax(torch.stack((first_gate, gate), dim=1), 1)
-    latent = torch.where(closes.unsqueeze(1), (values * weights).sum(dim=1), 0.0)
-    if kv.shape[0]:
-        _write_state(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
+    if not kv.shape[0]:
+        return kv.clone(), real, state
+    latent, closes = _pool(state, kv, gate, step)
+    _write_state(state, kv, gate, step)
     return latent, closes, state
 
 

@@ -1,5 +1,6 @@
-"""Triton kernels of `swa_write` and `paged_write`: one program copies one row's entry bytes into its
-cache row, or writes nothing (padding row, a row the op skips, a target out of range).
+"""Triton kernels of `swa_write`, `paged_write` and `compress`: one program copies one row's entry bytes
+into its cache row, or writes nothing (padding row, a row the op skips, a target out of range); compress's
+ratio-2 pooling and its state ring update are one program per row each.
 Importing this module imports triton; cache.py imports it lazily.
 """
 
@@ -73,22 +74,85 @@ def compress_state_kernel(
     state_ptr,
     kv_ptr,
     gate_ptr,
-    write_ptr,
     pos_ptr,
+    seq_ptr,
     slot_ptr,
+    last_ptr,
+    num_seqs,
     num_slots,
     ring_len,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Grid (rows,): a row with write[t] stores (kv[t], gate[t]) f32 at state[slot[t], pos % C] [2, D]."""
+    """Grid (rows,): a real row among its sequence's ring_len newest positions (pos > last[seq] - C,
+    last: the sequence's newest position in the step) stores (kv[t], gate[t]) f32 at
+    state[seq_slot[seq], pos % C] [2, D]; a slot out of range writes nothing."""
     t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t)
-    keep = (tl.load(write_ptr + t) != 0) & (slot >= 0) & (slot < num_slots)
-    p = tl.maximum(tl.load(pos_ptr + t), 0)
+    seq_id = tl.load(seq_ptr + t)
+    s = tl.minimum(tl.maximum(seq_id, 0), tl.maximum(num_seqs - 1, 0))
+    real = (seq_id >= 0) & (num_seqs > 0)
+    slot = tl.load(slot_ptr + s, mask=real, other=-1)
+    p = tl.load(pos_ptr + t)
+    last = tl.load(last_ptr + s, mask=real, other=0)
+    keep = real & (p > last - ring_len) & (slot >= 0) & (slot < num_slots)
+    p = tl.maximum(p, 0)
     target = (tl.where(keep, slot, 0).to(tl.int64) * ring_len + p % ring_len) * (2 * WIDTH)
     d = tl.arange(0, BLOCK)
     mask = keep & (d < WIDTH)
     row = t.to(tl.int64) * WIDTH + d
     tl.store(state_ptr + target + d, tl.load(kv_ptr + row, mask=mask, other=0.0), mask=mask)
     tl.store(state_ptr + target + WIDTH + d, tl.load(gate_ptr + row, mask=mask, other=0.0), mask=mask)
+
+
+@triton.jit
+def compress_pool_kernel(
+    latent_ptr,
+    closes_ptr,
+    kv_ptr,
+    gate_ptr,
+    state_ptr,
+    pos_ptr,
+    seq_ptr,
+    slot_ptr,
+    start_ptr,
+    num_seqs,
+    num_slots,
+    ring_len,
+    WIDTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Grid (rows,): ratio-2 pooling of row t. A real row at an odd position closes its group: its first
+    token is the previous row's (kv, gate), or the ring entry of position - 1 when the chunk starts at
+    the row's position; latent = first_kv * w0 + kv * w1 with (w0, w1) the softmax of the two gates in
+    f64, rounded to f32 (the cpu rule's invariant.softmax), products and sum in f32. Rows that do not
+    close write zeros. The ring is only read here (its update is compress_state_kernel's, after)."""
+    t = tl.program_id(0)
+    seq_id = tl.load(seq_ptr + t)
+    s = tl.minimum(tl.maximum(seq_id, 0), tl.maximum(num_seqs - 1, 0))
+    real = (seq_id >= 0) & (num_seqs > 0)
+    pos = tl.load(pos_ptr + t)
+    closes = real & (pos % 2 != 0)
+    slot = tl.where(real, tl.load(slot_ptr + s, mask=real, other=0), 0)
+    start = tl.where(real, tl.load(start_ptr + s, mask=real, other=0), 0)
+    from_state = closes & (pos == start)
+    ring_ok = from_state & (slot >= 0) & (slot < num_slots)  # unchecked, a bad slot reads zeros
+    prev = tl.maximum(t - 1, 0).to(tl.int64)
+    d = tl.arange(0, BLOCK)
+    mask = closes & (d < WIDTH)
+    ring_row = tl.where(ring_ok, slot, 0).to(tl.int64) * ring_len + tl.maximum(pos - 1, 0) % ring_len
+    entry = ring_row * (2 * WIDTH)
+    row = t.to(tl.int64) * WIDTH + d
+    kv = tl.load(kv_ptr + row, mask=mask, other=0.0)
+    gate = tl.load(gate_ptr + row, mask=mask, other=0.0)
+    ring_kv = tl.load(state_ptr + entry + d, mask=mask & ring_ok, other=0.0)
+    ring_gate = tl.load(state_ptr + entry + WIDTH + d, mask=mask & ring_ok, other=0.0)
+    first_kv = tl.where(from_state, ring_kv, tl.load(kv_ptr + prev * WIDTH + d, mask=mask, other=0.0))
+    first_gate = tl.where(from_state, ring_gate, tl.load(gate_ptr + prev * WIDTH + d, mask=mask, other=0.0))
+    a, b = first_gate.to(tl.float64), gate.to(tl.float64)
+    top = tl.maximum(a, b)
+    ea, eb = tl.exp(a - top), tl.exp(b - top)
+    total = ea + eb
+    w0, w1 = (ea / total).to(tl.float32), (eb / total).to(tl.float32)
+    latent = tl.where(closes, first_kv * w0 + kv * w1, 0.0)
+    tl.store(latent_ptr + row, latent, mask=d < WIDTH)
+    tl.store(closes_ptr + t, closes.to(tl.uint8))
