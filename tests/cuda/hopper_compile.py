@@ -191,6 +191,12 @@ def _fused() -> None:
     _without_spills(
         norm_rope_tl.rms_norm_kernel, norm, dict(D=5120, BLOCK=norm_rope.NORM_BLOCK, OUT=tl.bfloat16)
     )
+    from dsgraph.platform.cuda.kernels import engram, engram_tl
+
+    gate = {"x_ptr": bf16, "kv_ptr": f32, "qw_ptr": bf16, "kw_ptr": bf16, "tok_ptr": "*i32", "out_ptr": bf16}
+    gate |= {"eps": "fp32", "inv_sqrt_h": "fp32", "image_token_id": "i32"}
+    meta = dict(N=4, H=5120, BLOCK=engram.GATE_BLOCK, OUT=tl.bfloat16)
+    _without_spills(engram_tl.engram_gate_kernel, gate, meta)
     rope = {"x_ptr": bf16, "pos_ptr": "*i32", "freq_ptr": f32, "out_ptr": bf16, "heads": "i32"}
     meta = dict(D=512, ROPE=64, INVERSE=False, BLOCK_H=norm_rope.ROPE_BLOCK_H, BLOCK_D=512, BLOCK_P=32)
     meta["OUT"] = tl.bfloat16

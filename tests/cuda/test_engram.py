@@ -1,4 +1,5 @@
-"""The Engram kernels (platform/cuda/kernels/engram.py) against the cpu rules, bit for bit, and the
+"""The Engram kernels (platform/cuda/kernels/engram.py) against the cpu rules, bit for bit (the gate:
+within f32 rounding, its sums run in another order), and the
 weight placement (platform/cuda/placement.py): on CUDA when present, else under Triton's interpreter
 with ordinary CPU tensors standing in for pinned ones. The GPU-marked tests read real pinned host tables
 through their device views (zero-copy) and check the placement Session does."""
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from dsgraph.models.deepseek_v41.engram_hash import EngramSpec, engram_primes, table_rows
-from dsgraph.ops.engram import EngramHashParams, GatherDequantRowsParams
+from dsgraph.ops.engram import EngramGateParams, EngramHashParams, GatherDequantRowsParams
 from dsgraph.platform.cpu import rules_engram
 from dsgraph.platform.cpu.step_rows import unchecked
 from dsgraph.platform.cuda import placement
@@ -33,6 +34,39 @@ def _table(rows: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     scale = torch.randint(110, 140, (rows, width // 32), generator=gen, dtype=torch.uint8)
     scale[0, 0], scale[-1, -1], scale[rows // 2, 0] = 0, 254, 1
     return codes.view(torch.float8_e4m3fn), scale.view(torch.float8_e8m0fnu)
+
+
+def _gate_args(tokens: int, streams: int, hidden: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, streams, hidden, generator=gen).to(dtype)
+    kv = torch.randn(tokens, (streams + 1) * hidden, generator=gen)
+    qw = (1 + 0.1 * torch.randn(streams, hidden, generator=gen)).to(dtype)
+    kw = (1 + 0.1 * torch.randn(streams, hidden, generator=gen)).to(dtype)
+    token_ids = torch.arange(tokens, dtype=torch.int32) + 3
+    token_ids[1], token_ids[-1] = -1, 7  # padding, and the image token of the params below
+    return [x, kv, qw, kw, token_ids]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hidden", [96, 2304])  # one tile with a ragged end; several tiles
+def test_engram_gate_kernel_matches_the_cpu_rule(dtype: torch.dtype, hidden: int) -> None:
+    args = _gate_args(6, 4, hidden, dtype, seed=hidden)
+    p = EngramGateParams(eps=1e-6, image_token_id=7)
+    got, want = compare_rules("engram_gate", p, args)
+    x = args[0].float()
+    # padding and image rows pass through unchanged; the others moved
+    assert torch.equal(got[0][1].cpu(), args[0][1]) and torch.equal(got[0][-1].cpu(), args[0][-1])
+    assert not torch.equal(got[0][0].cpu().float(), x[0])
+
+
+def test_engram_gate_kernel_carries_nan_and_masks_it_on_padding_rows() -> None:
+    args = _gate_args(4, 2, 64, torch.float32, seed=5)
+    args[1][0, 0] = args[1][1, 0] = float("nan")  # a NaN key: the gate is NaN, unless the row is masked
+    p = EngramGateParams(eps=1e-6, image_token_id=-1)
+    got = E.engram_gate(p, *(a.to(DEVICE) for a in args)).cpu()
+    want = rules_engram.engram_gate(p, *args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert got[0, 0].isnan().all() and not got[0, 1:].isnan().any() and not got[1].isnan().any()
 
 
 @pytest.mark.parametrize("out_dtype", ["f32", "bf16", "f16"])

@@ -1,5 +1,6 @@
-"""cuda rules of `engram_hash` and `gather_dequant_rows` (dsgraph.ops.engram): one Triton kernel each
-(engram_tl.py) in place of the cpu rules' chains of small torch kernels; `engram_gate` keeps the cpu rule.
+"""cuda rules of `engram_hash`, `gather_dequant_rows` and `engram_gate` (dsgraph.ops.engram): one Triton
+kernel each (engram_tl.py) in place of the cpu rules' chains of small torch kernels (about 30 launches
+per Engram layer for the gate alone).
 
 - gather_dequant_rows reads the table wherever its address points: device memory, or pinned host memory
   (the cuda platform keeps large Engram tables there, `platform/cuda/placement.py`), zero-copy over PCIe.
@@ -10,7 +11,10 @@
 - engram_hash: bit-equal (int64 throughout). With the rules' value checks on (eager runs, warm-up) the
   cpu rule runs, since it is the one that validates the step layout and token ids against the token map
   (host reads); unchecked (captured steps) the kernel runs.
-Batch invariant: one program per token (hash) or per row id and column block (gather).
+- engram_gate: the cpu rule's f32 arithmetic per (token, stream); its sums over the hidden size run in
+  fixed tiles, so results agree with the cpu rule within f32 rounding, not bit for bit.
+Batch invariant: one program per token (hash), per row id and column block (gather), per token and
+stream (gate).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from dsgraph.platform.cpu.dtypes import constant, to_torch
 from dsgraph.platform.cuda.kernels.attention import runs_kernels, should_check
 from dsgraph.platform.cuda.kernels.mhc import next_pow2, triton_cdiv, triton_dtype
 
-__all__ = ["RULES", "engram_hash", "gather_dequant_rows"]
+__all__ = ["RULES", "engram_gate", "engram_hash", "gather_dequant_rows"]
 
+GATE_BLOCK = 1024  # hidden columns per step of engram_gate's two passes
 GATHER_BLOCK_D = 256  # columns per program: one V4.1 table row (256 FP8 bytes + 8 scale bytes)
 NUM_WARPS = 4
 _WARNED: set[str] = set()
@@ -107,9 +112,31 @@ def engram_hash(
     return out
 
 
-RULES: dict[str, Any] = {"engram_hash": engram_hash, "gather_dequant_rows": gather_dequant_rows}
+def engram_gate(p: Any, x: Tensor, kv: Tensor, qw: Tensor, kw: Tensor, token_ids: Tensor) -> Tensor:
+    if not runs_kernels(x) or x.dim() != 3:
+        return rules_engram.engram_gate(p, x, kv, qw, kw, token_ids)
+    from dsgraph.platform.cuda.kernels import engram_tl as K
+
+    tokens, streams, hidden = x.shape
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if tokens and streams and hidden:
+        K.engram_gate_kernel[(tokens, streams)](
+            x.contiguous(), kv.contiguous(), qw.contiguous(), kw.contiguous(), token_ids.contiguous(), out,
+            float(p.eps), float(hidden**-0.5), int(p.image_token_id), N=streams, H=hidden,
+            BLOCK=min(GATE_BLOCK, next_pow2(hidden)), OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS,
+            enable_fp_fusion=False,
+        )  # fmt: skip
+    return out
+
+
+RULES: dict[str, Any] = {
+    "engram_hash": engram_hash,
+    "gather_dequant_rows": gather_dequant_rows,
+    "engram_gate": engram_gate,
+}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
 KERNELS: dict[str, tuple[str, ...]] = {
     "engram_hash": ("engram_tl.engram_hash_kernel",),
     "gather_dequant_rows": ("engram_tl.gather_dequant_rows_kernel",),
+    "engram_gate": ("engram_tl.engram_gate_kernel",),
 }

@@ -8,6 +8,8 @@
   bytes of one table row, decoded on the bits (the interpreter's FP8 casts are not exact), multiplied in
   FP32 and rounded once to the output dtype. The table may live in pinned host memory (a UVA address):
   each program then reads one contiguous 256-byte row over PCIe.
+- `engram_gate_kernel`: one program per (token, stream): the gate's reductions over the hidden size and the
+  gated residual, in the cpu rule's f32 arithmetic (reductions in another order: within f32 rounding).
 
 Importing this module imports triton; the rule module imports it lazily.
 """
@@ -93,3 +95,46 @@ def engram_hash_kernel(
 
 
 __all__ = ["e4m3_bits_to_f32", "engram_hash_kernel", "gather_dequant_rows_kernel", "tl", "triton"]
+
+
+@triton.jit
+def engram_gate_kernel(
+    x_ptr, kv_ptr, qw_ptr, kw_ptr, tok_ptr, out_ptr, eps, inv_sqrt_h, image_token_id,
+    N: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr,
+):  # fmt: skip
+    """Grid (tokens, N): stream m of token t, in the cpu rule's f32 arithmetic. Pass 1 sums x^2, K^2 and
+    x * (qw * kw) * K over H in fixed BLOCK tiles (batch invariant); d = dot * (r_x * r_k) * H^-0.5 with
+    r = 1/sqrt(mean + eps) (IEEE sqrt and division), g = sigmoid(copysign(sqrt(max(|d|, 1e-6)), d)) in
+    f64 rounded to f32, 0 for padding and image tokens. Pass 2: out = x + g * v, one cast."""
+    t = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1)
+    x_row = (t * N + m) * H
+    kv_row = t * ((N + 1) * H)
+    c = tl.arange(0, BLOCK)
+    xx = tl.zeros((BLOCK,), dtype=tl.float32)
+    kk = tl.zeros((BLOCK,), dtype=tl.float32)
+    xk = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c0 in tl.static_range(0, H, BLOCK):
+        mask = c0 + c < H
+        x = tl.load(x_ptr + x_row + c0 + c, mask=mask, other=0.0).to(tl.float32)
+        k = tl.load(kv_ptr + kv_row + m * H + c0 + c, mask=mask, other=0.0)
+        qw = tl.load(qw_ptr + m * H + c0 + c, mask=mask, other=0.0).to(tl.float32)
+        kw = tl.load(kw_ptr + m * H + c0 + c, mask=mask, other=0.0).to(tl.float32)
+        xx += x * x
+        kk += k * k
+        xk += x * (qw * kw) * k
+    h = tl.full((), H, tl.float32)
+    r_x = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(xx, axis=0), h) + eps))
+    r_k = tl.math.div_rn(1.0, tl.math.sqrt_rn(tl.math.div_rn(tl.sum(kk, axis=0), h) + eps))
+    d = tl.sum(xk, axis=0) * (r_x * r_k) * inv_sqrt_h
+    root = tl.math.sqrt_rn(tl.maximum(tl.abs(d), 1e-6))
+    signed = tl.where(d.to(tl.int32, bitcast=True) < 0, -root, root)  # copysign: the sign bit, -0 too
+    g = (1.0 / (1.0 + tl.exp(-signed.to(tl.float64)))).to(tl.float32)
+    g = tl.where(d != d, d, g)  # NaN carried, as clamp_min, copysign and sigmoid do (then masked)
+    token = tl.load(tok_ptr + t)
+    g = tl.where((token < 0) | (token == image_token_id), 0.0, g)
+    for c0 in tl.static_range(0, H, BLOCK):
+        mask = c0 + c < H
+        x = tl.load(x_ptr + x_row + c0 + c, mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(kv_ptr + kv_row + N * H + c0 + c, mask=mask, other=0.0)
+        tl.store(out_ptr + x_row + c0 + c, round_f32_to(x + g * v, OUT), mask=mask)
