@@ -175,12 +175,13 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
 
 RULES: dict[str, Any] = {"swa_write": swa_write, "paged_write": paged_write, "compress": compress}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); compress
-# projects through the linear kernel and (ratio 2) writes its state ring
+# projects through the linear kernel and (ratio 2) pools, then writes its state ring
 KERNELS: dict[str, tuple[str, ...]] = {
     "swa_write": ("cache_tl.swa_write_kernel",),
     "paged_write": ("cache_tl.paged_write_kernel",),
     "compress": (
         *("linear_tl.linear_kernel", "linear_tl.reduce_splits_kernel"),
+        "cache_tl.compress_pool_kernel",
         "cache_tl.compress_state_kernel",
     ),
 }
