@@ -68,7 +68,7 @@ def _newest(visible: Tensor) -> Tensor:
 
 def candidate_block_scores(p: Any, scores: Tensor) -> tuple[Tensor, Tensor]:
     """(block scores [rows, blocks] with the newest visible entry's block forced to +inf, visible
-    entries [rows, E]): what candidate_mask selects its top blocks from (shared with the cuda rule)."""
+    entries [rows, E]): what candidate_mask selects its top blocks from."""
     rows, width = scores.shape
     visible = scores > NEG_INF
     num_blocks = -(-width // p.block_size)

@@ -7,8 +7,8 @@ It must run without TRITON_INTERPRET (under it @triton.jit builds interpreted fu
 test_attention.py starts it in a subprocess. Prints one line per kernel; exits 1 on the first failure.
 The fused small-op kernels must also compile without register spills (ptxas -v on their PTX).
 Usage: python tests/cuda/hopper_compile.py [head_dim] (default 512), or [moe] (the MoE kernels only, the
-sweeps' candidate tiles too), or [linear] (every linear tile, the sweep's candidates too), or [attention
-NAME...] (attn_sweep's tilings, bf16 queries)
+sweeps' candidate tiles too), or [linear] (every linear tile, the sweep's candidates too), or [select] (the
+indexer's selections), or [attention NAME...] (attn_sweep's tilings, bf16 queries)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dsgraph.platform.cuda.kernels import (
     moe_tl,
     norm_rope_tl,
     quant_act_tl,
+    select_tl,
 )
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -145,6 +146,20 @@ def _indexer(dtype: str) -> None:
     types |= {name: "i32" for name in ("num_heads", "num_blocks", "block_size", "table_width", "ratio")}
     meta = dict(HEAD_DIM=128, BLOCK_H=32, BLOCK_D=128, BLOCK_E=64, DOT=0 if dtype == "fp32" else 1)
     _compile(indexer_tl.index_scores_kernel, types, meta, 4)
+
+
+def _select() -> None:
+    """The indexer's selections as the rules launch them (candidate blocks of 8 entries)."""
+    from dsgraph.platform.cuda.kernels import indexer
+
+    block, block_s = indexer._select_tiles(8)
+    rows = {"width": "i32", "num_blocks": "i32", "block_size": "i32"}
+    topk = {"scores_ptr": "*fp32", "out_ptr": "*i32", "width": "i32", "k": "i32"}
+    _compile(select_tl.topk_select_kernel, topk, dict(BLOCK=indexer.SELECT_BLOCK), 4)
+    tiles = dict(BLOCK=block, BLOCK_S=block_s)
+    _compile(select_tl.block_scores_kernel, {"scores_ptr": "*fp32", "out_ptr": "*fp32", **rows}, tiles, 4)
+    mask = {"block_ptr": "*fp32", "scores_ptr": "*fp32", "out_ptr": "*u8", **rows, "k": "i32"}
+    _compile(select_tl.block_mask_kernel, mask, tiles, 4)
 
 
 def _cache() -> None:
@@ -354,6 +369,9 @@ def main(argv: list[str]) -> int:
     if argv[1:] == ["linear"]:
         _linear(every=True)
         return 0
+    if argv[1:] == ["select"]:
+        _select()
+        return 0
     if argv[1:] == ["moe"]:
         _moe(every=True)
         return 0
@@ -367,6 +385,7 @@ def main(argv: list[str]) -> int:
     for dtype in ("bf16", "fp32"):
         _attention(head_dim, dtype)
         _indexer(dtype)
+    _select()
     _cache()
     _fused()
     _moe()

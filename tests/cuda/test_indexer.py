@@ -148,6 +148,43 @@ def test_candidate_mask_equals_the_cpu_rule(width: int, block_size: int, topk_bl
         assert got.dtype == torch.bool and torch.equal(got.cpu(), want), (levels, got, want)
 
 
+def _awkward_scores(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Scores with NaN, +-inf, -0 beside +0, subnormals, negatives and runs of equal values."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor([float("nan"), float("inf"), NEG_INF, -0.0, 0.0, 1e-40, -1e-40, -3.5, 2.0, 7.25])
+    scores = pool[torch.randint(0, len(pool), (rows, width), generator=g)]
+    noisy = torch.rand(rows, width, generator=g) < 0.5
+    return torch.where(noisy, torch.randn(rows, width, generator=g), scores)
+
+
+@pytest.mark.parametrize("tile", [16, 1024])
+@pytest.mark.parametrize(("width", "k"), [(100, 9), (100, 60), (37, 37), (37, 64)])
+def test_topk_select_over_tiles_and_special_values(
+    monkeypatch: pytest.MonkeyPatch, tile: int, width: int, k: int
+) -> None:
+    """NaN ranks above every number and is not output, -0 ties +0, and ties across tiles of the kernel's
+    row loop go to the lowest index, as in the cpu rule's sort (tile 16: several tiles per row)."""
+    monkeypatch.setattr(indexer, "SELECT_BLOCK", tile)
+    scores = _awkward_scores(5, width, seed=width + k)
+    scores[0] = 2.0  # one value everywhere: the lowest k indices
+    p = SimpleNamespace(k=k)
+    got = indexer.topk_select(p, scores.to(DEVICE)).cpu()
+    assert torch.equal(got, cpu.topk_select(p, scores)), (got, cpu.topk_select(p, scores))
+
+
+@pytest.mark.parametrize("tile", [16, 1024])
+@pytest.mark.parametrize(("width", "block_size", "topk_blocks"), [(100, 3, 5), (100, 8, 4), (64, 8, 8)])
+def test_candidate_mask_over_tiles_and_special_values(
+    monkeypatch: pytest.MonkeyPatch, tile: int, width: int, block_size: int, topk_blocks: int
+) -> None:
+    monkeypatch.setattr(indexer, "SELECT_BLOCK", tile)
+    scores = _awkward_scores(6, width, seed=width * block_size)
+    scores[1, -7:] = NEG_INF  # the newest visible entry is not the last one
+    p = SimpleNamespace(block_size=block_size, topk_blocks=topk_blocks)
+    got = indexer.candidate_mask(p, scores.to(DEVICE)).cpu()
+    assert torch.equal(got, cpu.candidate_mask(p, scores)), (got, cpu.candidate_mask(p, scores))
+
+
 @pytest.mark.gpu
 def test_real_widths_against_the_cpu_rules() -> None:
     """32 index heads x 128, ratio 2 over contexts of a few thousand tokens, top-k 512, candidate blocks
@@ -174,8 +211,8 @@ def test_the_cuda_platform_runs_these_rules() -> None:
 
 
 def test_row_blocks_give_the_unblocked_rules_results(monkeypatch: pytest.MonkeyPatch) -> None:
-    """candidate_mask and topk_select cut long steps into blocks of ROW_BLOCK rows (memory at 64k-token
-    chunks): a last block shorter than the others included, the same results as the cpu rules."""
+    """candidate_mask cuts long steps into blocks of ROW_BLOCK rows (its block scores at 64k-token chunks):
+    a last block shorter than the others included, the same results as the cpu rules."""
     monkeypatch.setattr(indexer, "ROW_BLOCK", 3)
     scores = _tied_scores(8, 40, 3, seed=11)
     p = SimpleNamespace(block_size=4, topk_blocks=3, k=7)

@@ -1,10 +1,8 @@
-"""cuda rules of `index_scores` (Triton, indexer_tl.py), `candidate_mask` and `topk_select` (torch on the
-device, O(width) per row: no full sort), with the cpu rules' signatures, dtypes and shapes.
+"""cuda rules of `index_scores` (Triton, indexer_tl.py), `candidate_mask` and `topk_select` (Triton,
+select_tl.py: a radix select per row, no sort), with the cpu rules' signatures, dtypes and shapes.
 
-Selection by `k_largest`: torch.topk gives the k-th largest value v (exact; which of several equal
-entries torch returns is unspecified, so its indices are not used); every entry above v is chosen, then
-the lowest-indexed entries equal to v fill the remaining places, and -inf is never chosen. That is the
-cpu rule's stable descending sort ("ties: lowest index"), without sorting. Each row is computed on its own.
+The selections are exact: the entries the cpu rule's stable descending sort puts first ("ties: lowest
+index"; NaN ranked above every number and -inf never output, as there). Each row is computed on its own.
 
 `index_scores` checks seq_ids and block ids (one host sync; not under `step_rows.unchecked()` or while a
 CUDA graph is captured).
@@ -18,13 +16,12 @@ import torch
 from torch import Tensor
 
 from dsgraph.platform.cpu import rules_attention
-from dsgraph.platform.cpu.rules_attention import candidate_block_scores
 from dsgraph.platform.cpu.step_rows import real_rows
 from dsgraph.platform.cuda.kernels.attention import dot_kind, runs_kernels, should_check
 
 BLOCK_E = 64  # entries per program
 NUM_WARPS = 4
-ROW_BLOCK = 4096  # rows per piece of candidate_mask and topk_select (bounds their temporaries)
+ROW_BLOCK = 4096  # rows per piece of candidate_mask (bounds its block scores)
 NEG_INF = float("-inf")
 
 
@@ -72,22 +69,52 @@ def index_scores(
     return out
 
 
-def k_largest(scores: Tensor, k: int) -> Tensor:
-    """bool [rows, E]: the (at most) k entries > -inf with the largest scores, ties to the lowest index."""
+SELECT_BLOCK = 1024  # entries (or blocks) per tile of the selection kernels
+
+
+def _select_tiles(block_size: int) -> tuple[int, int]:
+    """(BLOCK, BLOCK_S): a tile of SELECT_BLOCK entries as [BLOCK // BLOCK_S blocks, BLOCK_S entries]."""
+    block_s = _next_pow2(block_size)
+    return max(SELECT_BLOCK, block_s), block_s
+
+
+def topk_select(p: Any, scores: Tensor) -> Tensor:
+    """The k largest entries of each row (ties: lowest index; -inf never), ascending, -1 after: one
+    launch (select_tl.topk_select_kernel)."""
+    from dsgraph.platform.cuda.kernels import select_tl as K
+
     rows, width = scores.shape
-    if width == 0 or k == 0:
-        return torch.zeros_like(scores, dtype=torch.bool)
-    kth = scores.topk(min(k, width), dim=1).values[:, -1:]  # [rows, 1]
-    above = scores > kth
-    tied = scores == kth
-    room = k - above.sum(dim=1, keepdim=True)
-    return (above | (tied & (tied.cumsum(dim=1) <= room))) & (scores > NEG_INF)
+    if rows == 0 or width == 0 or p.k == 0:
+        return torch.full((rows, p.k), -1, dtype=torch.int32, device=scores.device)
+    out = torch.empty(rows, p.k, dtype=torch.int32, device=scores.device)  # every place is written
+    K.topk_select_kernel[(rows,)](scores.float().contiguous(), out, width, p.k, BLOCK=SELECT_BLOCK)
+    return out
+
+
+def _candidate_mask(p: Any, scores: Tensor) -> Tensor:
+    """The cpu rule's block scores (the newest visible entry's block forced to +inf), then the entries of
+    the top `topk_blocks` blocks that are visible: two launches (select_tl)."""
+    from dsgraph.platform.cuda.kernels import select_tl as K
+
+    rows, width = scores.shape
+    if rows == 0 or width == 0 or p.topk_blocks == 0:
+        return torch.zeros(rows, width, dtype=torch.bool, device=scores.device)
+    out = torch.empty(rows, width, dtype=torch.bool, device=scores.device)  # every entry is written
+    scores = scores.float().contiguous()
+    num_blocks = -(-width // p.block_size)
+    blocks = torch.empty(rows, num_blocks, dtype=torch.float32, device=scores.device)
+    block, block_s = _select_tiles(p.block_size)
+    sizes = (width, num_blocks, p.block_size)
+    K.block_scores_kernel[(rows,)](scores, blocks, *sizes, BLOCK=block, BLOCK_S=block_s)
+    K.block_mask_kernel[(rows,)](
+        blocks, scores, out.view(torch.uint8), *sizes, p.topk_blocks, BLOCK=block, BLOCK_S=block_s
+    )
+    return out
 
 
 def _by_row_blocks(rule: Any) -> Any:
     """`rule(p, scores)` applied to blocks of ROW_BLOCK rows (each row is computed on its own, so the
-    result is the same): its temporaries ([rows, E] int64 cumsums, masks) stay a few GB at a 64k-token
-    chunk instead of tens."""
+    result is the same): its block scores ([rows, E / block_size] f32) stay bounded at a 64k-token chunk."""
 
     def blocked(p: Any, scores: Tensor) -> Tensor:
         if scores.shape[0] <= ROW_BLOCK:
@@ -98,25 +125,6 @@ def _by_row_blocks(rule: Any) -> Any:
     return blocked
 
 
-def _topk_select(p: Any, scores: Tensor) -> Tensor:
-    rows, width = scores.shape
-    chosen = k_largest(scores, p.k)
-    # Chosen entries in ascending order: entry g goes to place (number chosen before it); the others are
-    # sent to a spare column p.k that is dropped.
-    place = torch.where(chosen, chosen.cumsum(dim=1) - 1, p.k)
-    entry = torch.arange(width, device=scores.device, dtype=torch.int32).expand(rows, -1)
-    out = torch.full((rows, p.k + 1), -1, dtype=torch.int32, device=scores.device)
-    return out.scatter_(1, place, entry)[:, : p.k]
-
-
-def _candidate_mask(p: Any, scores: Tensor) -> Tensor:
-    """The cpu rule's block scores; the top blocks by `k_largest` instead of a sort."""
-    block_scores, visible = candidate_block_scores(p, scores)
-    keep = k_largest(block_scores, p.topk_blocks)
-    return keep.repeat_interleave(p.block_size, dim=1)[:, : scores.shape[1]] & visible
-
-
-topk_select = _by_row_blocks(_topk_select)
 candidate_mask = _by_row_blocks(_candidate_mask)
 
 RULES: dict[str, Any] = {
@@ -124,10 +132,9 @@ RULES: dict[str, Any] = {
     "candidate_mask": candidate_mask,
     "topk_select": topk_select,
 }
-# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); the
-# selections are torch operations on the device
+# op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
 KERNELS: dict[str, tuple[str, ...]] = {
     "index_scores": ("indexer_tl.index_scores_kernel",),
-    "candidate_mask": (),
-    "topk_select": (),
+    "candidate_mask": ("select_tl.block_scores_kernel", "select_tl.block_mask_kernel"),
+    "topk_select": ("select_tl.topk_select_kernel",),
 }
