@@ -152,14 +152,16 @@ def _select() -> None:
     """The indexer's selections as the rules launch them (candidate blocks of 8 entries)."""
     from dsgraph.platform.cuda.kernels import indexer
 
-    block, block_s = indexer._select_tiles(8)
     rows = {"width": "i32", "num_blocks": "i32", "block_size": "i32"}
     topk = {"scores_ptr": "*fp32", "out_ptr": "*i32", "width": "i32", "k": "i32"}
-    _compile(select_tl.topk_select_kernel, topk, dict(BLOCK=indexer.SELECT_BLOCK), 4)
-    tiles = dict(BLOCK=block, BLOCK_S=block_s)
-    _compile(select_tl.block_scores_kernel, {"scores_ptr": "*fp32", "out_ptr": "*fp32", **rows}, tiles, 4)
     mask = {"block_ptr": "*fp32", "scores_ptr": "*fp32", "out_ptr": "*u8", **rows, "k": "i32"}
-    _compile(select_tl.block_mask_kernel, mask, tiles, 4)
+    for width in (1024, 32768):  # the smallest tile (4 warps) and the widest (8 warps)
+        block, block_s, warps = indexer._select_tiles(width, 8)
+        _compile(select_tl.topk_select_kernel, topk, dict(BLOCK=block), warps)
+        tiles = dict(BLOCK=block, BLOCK_S=block_s)
+        scores = {"scores_ptr": "*fp32", "out_ptr": "*fp32", **rows}
+        _compile(select_tl.block_scores_kernel, scores, tiles, warps)
+        _compile(select_tl.block_mask_kernel, mask, tiles, warps)
 
 
 def _cache() -> None:

@@ -165,6 +165,7 @@ def test_topk_select_over_tiles_and_special_values(
     """NaN ranks above every number and is not output, -0 ties +0, and ties across tiles of the kernel's
     row loop go to the lowest index, as in the cpu rule's sort (tile 16: several tiles per row)."""
     monkeypatch.setattr(indexer, "SELECT_BLOCK", tile)
+    monkeypatch.setattr(indexer, "SELECT_MIN_BLOCK", min(tile, 1024))
     scores = _awkward_scores(5, width, seed=width + k)
     scores[0] = 2.0  # one value everywhere: the lowest k indices
     p = SimpleNamespace(k=k)
@@ -178,6 +179,7 @@ def test_candidate_mask_over_tiles_and_special_values(
     monkeypatch: pytest.MonkeyPatch, tile: int, width: int, block_size: int, topk_blocks: int
 ) -> None:
     monkeypatch.setattr(indexer, "SELECT_BLOCK", tile)
+    monkeypatch.setattr(indexer, "SELECT_MIN_BLOCK", min(tile, 1024))
     scores = _awkward_scores(6, width, seed=width * block_size)
     scores[1, -7:] = NEG_INF  # the newest visible entry is not the last one
     p = SimpleNamespace(block_size=block_size, topk_blocks=topk_blocks)

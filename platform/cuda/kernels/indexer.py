@@ -69,13 +69,17 @@ def index_scores(
     return out
 
 
-SELECT_BLOCK = 1024  # entries (or blocks) per tile of the selection kernels
+SELECT_BLOCK = 4096  # the most entries (or blocks) per tile of the selection kernels
+SELECT_MIN_BLOCK = 1024
 
 
-def _select_tiles(block_size: int) -> tuple[int, int]:
-    """(BLOCK, BLOCK_S): a tile of SELECT_BLOCK entries as [BLOCK // BLOCK_S blocks, BLOCK_S entries]."""
+def _select_tiles(width: int, block_size: int = 1) -> tuple[int, int, int]:
+    """(BLOCK, BLOCK_S, num_warps): a row of `width` entries in tiles of [BLOCK // BLOCK_S blocks,
+    BLOCK_S entries]. A program walks its row five times (four histogram passes, then the output), so
+    wide tiles with 8 warps cut the serial steps of a decode row (one program per row)."""
     block_s = _next_pow2(block_size)
-    return max(SELECT_BLOCK, block_s), block_s
+    block = max(min(SELECT_BLOCK, _next_pow2(width)), SELECT_MIN_BLOCK, block_s)
+    return block, block_s, 8 if block > SELECT_MIN_BLOCK else 4
 
 
 def topk_select(p: Any, scores: Tensor) -> Tensor:
@@ -87,7 +91,8 @@ def topk_select(p: Any, scores: Tensor) -> Tensor:
     if rows == 0 or width == 0 or p.k == 0:
         return torch.full((rows, p.k), -1, dtype=torch.int32, device=scores.device)
     out = torch.empty(rows, p.k, dtype=torch.int32, device=scores.device)  # every place is written
-    K.topk_select_kernel[(rows,)](scores.float().contiguous(), out, width, p.k, BLOCK=SELECT_BLOCK)
+    block, _, warps = _select_tiles(width)
+    K.topk_select_kernel[(rows,)](scores.float().contiguous(), out, width, p.k, BLOCK=block, num_warps=warps)
     return out
 
 
@@ -103,12 +108,11 @@ def _candidate_mask(p: Any, scores: Tensor) -> Tensor:
     scores = scores.float().contiguous()
     num_blocks = -(-width // p.block_size)
     blocks = torch.empty(rows, num_blocks, dtype=torch.float32, device=scores.device)
-    block, block_s = _select_tiles(p.block_size)
+    block, block_s, warps = _select_tiles(width, p.block_size)
     sizes = (width, num_blocks, p.block_size)
-    K.block_scores_kernel[(rows,)](scores, blocks, *sizes, BLOCK=block, BLOCK_S=block_s)
-    K.block_mask_kernel[(rows,)](
-        blocks, scores, out.view(torch.uint8), *sizes, p.topk_blocks, BLOCK=block, BLOCK_S=block_s
-    )
+    tiles = dict(BLOCK=block, BLOCK_S=block_s, num_warps=warps)
+    K.block_scores_kernel[(rows,)](scores, blocks, *sizes, **tiles)
+    K.block_mask_kernel[(rows,)](blocks, scores, out.view(torch.uint8), *sizes, p.topk_blocks, **tiles)
     return out
 
 
