@@ -66,11 +66,12 @@ def kth_key(ptr, width, k, BLOCK: tl.constexpr):
 
 @triton.jit
 def _chosen(key, real, kth, room, ties_before, every):
-    """Which of a tile's entries are chosen, and how many of the tile's entries tie with the k-th key."""
+    """Which of a tile's entries are chosen and output (never NaN or -inf), and how many of the tile's
+    entries tie with the k-th key."""
     tied = real & (key == kth)
     rank = ties_before + tl.cumsum(tied.to(tl.int32), axis=0)
     chosen = real & ((key > kth) | (tied & (rank <= room)) | every)
-    return chosen, tl.sum(tied.to(tl.int32), axis=0)
+    return chosen & _output(key), tl.sum(tied.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -86,8 +87,7 @@ def topk_select_kernel(scores_ptr, out_ptr, width, k, BLOCK: tl.constexpr) -> No
         offs = start + tl.arange(0, BLOCK)
         real = offs < width
         key = _keys(ptr, offs, real)
-        chosen, tied = _chosen(key, real, kth, room, ties, every)
-        shown = chosen & _output(key)
+        shown, tied = _chosen(key, real, kth, room, ties, every)
         place = written + tl.cumsum(shown.to(tl.int32), axis=0) - 1
         tl.store(out_ptr + row * k + place, offs.to(tl.int32), mask=shown)
         written += tl.sum(shown.to(tl.int32), axis=0)
@@ -156,8 +156,7 @@ def block_mask_kernel(
         b = start + tl.arange(0, rows_b)
         real = b < num_blocks
         key = _keys(ptr, b, real)
-        chosen, tied = _chosen(key, real, kth, room, ties, every)
-        keep = chosen & _output(key)
+        keep, tied = _chosen(key, real, kth, room, ties, every)
         ties += tied
         e = b[:, None] * block_size + j[None, :]
         inside = (j[None, :] < block_size) & (e < width)
