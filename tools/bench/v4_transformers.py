@@ -96,10 +96,13 @@ def _first_sub(rules: list[tuple[str, str]], name: str) -> str:
     return name
 
 
-def hf_state_dict(weights: dict[str, Tensor]) -> dict[str, Tensor]:
+def hf_state_dict(weights: dict[str, Tensor], device: str = "cpu") -> dict[str, Tensor]:
+    """Renamed and stacked on `device`; `weights` is emptied as it goes, so that a full-width model's
+    dequantized experts are never held twice in host memory."""
     out: dict[str, Tensor] = {}
     experts: dict[tuple[int, str], dict[int, Tensor]] = {}
-    for name, w in weights.items():
+    for name in list(weights):
+        w = weights.pop(name).to(device)
         m = _EXPERT.fullmatch(name)
         if m:
             experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = w
@@ -135,18 +138,26 @@ def load_tf_model(
     (`_keep_in_fp32_modules_strict`) stay FP32, as `from_pretrained` leaves them."""
     from transformers import DeepseekV4ForCausalLM
 
+    # BF16 holds E4M3 and E2M1 values times power-of-two scales exactly: dequantizing to it loses nothing
+    kind = "f32" if dtype == torch.float32 else "bf16"
     weights = load_checkpoint(
-        model_dir, cfg, weights="f32", expected=expected_tensors(cfg), skipped=is_skipped
+        model_dir, cfg, weights=kind, expected=expected_tensors(cfg), skipped=is_skipped
     )
     torch.manual_seed(0)
-    with torch.device(device):  # the full-width bench model is built on the GPU directly
-        model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg))
-    model = model.to(dtype).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built at `dtype` on `device`: no FP32 copy of a full-width model
+    try:
+        with torch.device(device):
+            model = DeepseekV4ForCausalLM(hf_config(cfg_dict, cfg))
+    finally:
+        torch.set_default_dtype(default)
+    model = model.eval()
     keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
     for name, module in model.named_modules():
         if any(f".{k}." in f".{name}." or name.endswith(k) for k in keep):
             module.float()
-    missing, unexpected = model.load_state_dict(hf_state_dict(weights), strict=False)  # casts per param
+    state = hf_state_dict(weights, device)
+    missing, unexpected = model.load_state_dict(state, strict=False)  # casts per param
     missing = [k for k in missing if "rotary_emb" not in k]
     if missing or unexpected:
         raise KeyError(f"transformers V4: missing {missing}, unexpected {unexpected}")
