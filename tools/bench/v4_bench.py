@@ -126,7 +126,10 @@ def run_transformers(args: argparse.Namespace, prompts: list[list[int]]) -> dict
     model = load_tf_model(args.dir, cfg_dict, load_config(args.dir), dtype=dtype, device=device)
     ids = torch.tensor(prompts, device=device)
     kw = dict(max_new_tokens=args.decode_tokens, min_new_tokens=args.decode_tokens, do_sample=False)
-    with torch.no_grad():
+    # transformers 5.17's decoder layer hands its FP32 hyper-connection output to BF16 projections (a
+    # dtype error at BF16): autocast runs those matmuls in BF16, as the weights are stored
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+    with torch.no_grad(), autocast:
         model.generate(ids, **kw)  # warm-up
         prefill = _timed(lambda: model(input_ids=ids, use_cache=True))
         generate = _timed(lambda: model.generate(ids, **kw))
