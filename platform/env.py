@@ -22,6 +22,7 @@ __all__ = [
     "engram_host_min_bytes",
     "native_replay",
     "read",
+    "set_peer_defaults",
     "set_triton_cache_dir",
     "side_stream",
     "triton_interpreting",
@@ -140,6 +141,14 @@ def set_triton_cache_dir(path: Path) -> None:
     """Point Triton's kernel cache at `path` for this process (read by Triton at each compile or cache
     lookup, so it must be set before the first kernel launches)."""
     os.environ["TRITON_CACHE_DIR"] = str(path)
+
+
+def set_peer_defaults(values: Mapping[str, str]) -> None:
+    """Set another engine's own variables (a peer run by a bench in this process, e.g. vLLM) where the
+    user has not: they belong to that engine, so they are not declared in VARS and dsgraph never reads
+    them."""
+    for name, value in values.items():
+        os.environ.setdefault(name, value)
 
 
 def child_environ(**overrides: str) -> dict[str, str]:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dsgraph.platform import env
+
 ENGINES = ("dsgraph", "transformers", "vllm")
 
 
@@ -150,10 +152,7 @@ def run_vllm(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, An
     """vLLM on the same config.json with its own random weights (`load_format="dummy"`): the times
     depend on the shapes, not on the values, and vLLM's reader of the released layout is not under
     test here. Token ids in, token ids out: no tokenizer."""
-    import os
-
-    for k, v in _VLLM_ENV.items():
-        os.environ.setdefault(k, v)
+    env.set_peer_defaults(_VLLM_ENV)
     import vllm
 
     llm = vllm.LLM(model=str(args.dir), max_model_len=args.prompt_len + args.decode_tokens + 8,
