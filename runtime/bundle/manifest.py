@@ -25,6 +25,7 @@ __all__ = [
     "manifest_checksum",
     "read_manifest",
     "sha256_file",
+    "source_commit",
     "write_manifest",
 ]
 
@@ -57,7 +58,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _commit() -> str:
+def source_commit() -> str:
+    """The git commit of the checkout this package runs from (DSGRAPH_COMMIT overrides), or "unknown"."""
     if env.read("DSGRAPH_COMMIT"):
         return str(env.read("DSGRAPH_COMMIT"))
     here = Path(__file__).resolve().parent
@@ -103,7 +105,7 @@ def current_environment(platform: str) -> dict[str, Any]:
 
     return {
         "dsgraph": _version("dsgraph") or "0+unknown",
-        "commit": _commit(),
+        "commit": source_commit(),
         "source": source_hash(),
         "torch": torch.__version__,
         "triton": _version("triton") if platform == "cuda" else None,

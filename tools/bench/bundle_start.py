@@ -111,7 +111,7 @@ def _stages(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any] | None:
     """The result, or None while a stage has not run yet (with --work, over several commands)."""
-    from dsgraph.tools.bench.run import commit, device_name
+    from dsgraph.tools.bench.meta import commit, device_name
 
     if args.work:
         Path(args.work).mkdir(parents=True, exist_ok=True)

@@ -96,7 +96,7 @@ def result_of(
     import torch
 
     from dsgraph.tools.bench.engine_bench import config_dir, measure
-    from dsgraph.tools.bench.run import commit, device_name
+    from dsgraph.tools.bench.meta import commit, device_name
 
     with tempfile.TemporaryDirectory(prefix="dsgraph-bench-engine-") as tmp:
         measured = measure(config_dir(args.model, Path(tmp)), options, plan)

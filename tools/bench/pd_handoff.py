@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from dsgraph.runtime.kvstore.config import StoreConfig
     from dsgraph.runtime.kvstore.store import TieredStore
     from dsgraph.runtime.kvstore.transport import make_transport
-    from dsgraph.tools.bench.run import commit, device_name
+    from dsgraph.tools.bench.meta import commit, device_name
     from dsgraph.tools.generate_cmd import default_model_dir
 
     tmp = Path(tempfile.mkdtemp(prefix="dsgraph-pd-bench-"))
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _store_only(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from dsgraph.tools.bench.run import commit, device_name
+    from dsgraph.tools.bench.meta import commit, device_name
 
     store_dir = Path(args.store_dir) if args.store_dir else tmp / "store"
     results = {

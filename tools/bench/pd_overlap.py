@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["speedup"] = row["overlap_off_s"] / row["overlap_on_s"]
         rows.append(row)
         print(json.dumps(row))
-    from dsgraph.tools.bench.run import commit, device_name
+    from dsgraph.tools.bench.meta import commit, device_name
 
     out = {
         "bench": "pd-overlap",

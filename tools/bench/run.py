@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,11 +16,11 @@ from typing import Any
 import torch
 
 from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
-from dsgraph.platform import env
 from dsgraph.tools.bench import overlap_gap, spec_bench
 from dsgraph.tools.bench.calibrate import calibrate
 from dsgraph.tools.bench.extrapolate import extrapolate
 from dsgraph.tools.bench.kernels_cmp import kernel_cases
+from dsgraph.tools.bench.meta import commit
 from dsgraph.tools.bench.model_bench import (
     Plan,
     alias_layers,
@@ -33,25 +32,6 @@ from dsgraph.tools.bench.model_bench import (
 )
 from dsgraph.tools.bench.model_config import bench_config
 from dsgraph.tools.bench.prefill_truncation import truncation_prefill_cases
-
-
-def commit() -> str:
-    if env.read("DSGRAPH_COMMIT"):
-        return str(env.read("DSGRAPH_COMMIT"))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def device_name(platform: str) -> str:
-    """What a result's "device" field says: the GPU's name on cuda, "cpu" otherwise."""
-    if platform != "cuda":
-        return "cpu"
-    import torch
-
-    return torch.cuda.get_device_name()
 
 
 def environment() -> dict[str, Any]:

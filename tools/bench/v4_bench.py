@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dsgraph.platform import env
+from dsgraph.tools.bench.meta import commit
 
 ENGINES = ("dsgraph", "transformers", "vllm")
 
@@ -175,19 +176,32 @@ def _child(args: argparse.Namespace) -> int:
     args.dir = Path(args.dir)
     prompts = _prompts(args, load_config(args.dir).text.vocab_size)
     runner = {"dsgraph": run_dsgraph, "transformers": run_transformers, "vllm": run_vllm}[args.engine]
-    print("RESULT " + json.dumps(runner(args, prompts)))
+    print("\nRESULT " + json.dumps(runner(args, prompts)), flush=True)  # own line after progress bars
     return 0
 
 
+def _tail(log: Path, n: int = 2000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.is_file() else ""
+
+
 def _measure(args: argparse.Namespace, engine: str) -> dict[str, Any]:
+    """Runs one engine in its own process. Its output (vLLM logs to stdout) goes to a log beside --out, so
+    that a run cut off by --timeout-s still says how far it got (vLLM's start-up takes minutes of JIT)."""
     cmd = [sys.executable, "-m", "dsgraph.tools.bench.v4_bench", "--engine", engine, "--dir", str(args.dir)]
     cmd += ["--batch", str(args.batch), "--prompt-len", str(args.prompt_len)]
     cmd += ["--decode-tokens", str(args.decode_tokens), "--platform", args.platform]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
-    for line in done.stdout.splitlines():
+    out = Path(args.out)
+    log = out.with_name(f"{out.stem}.{engine}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as sink:
+        try:
+            done = subprocess.run(cmd, stdout=sink, stderr=subprocess.STDOUT, timeout=args.timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"no result within --timeout-s {args.timeout_s:g}; {log}: " + _tail(log)}
+    for line in log.read_text(errors="replace").splitlines():
         if line.startswith("RESULT "):
             return json.loads(line.removeprefix("RESULT "))
-    return {"error": (done.stderr or done.stdout)[-2000:], "returncode": done.returncode}
+    return {"error": _tail(log), "returncode": done.returncode}
 
 
 def _previous(out: Path, shape: dict[str, int], cfg_dict: dict[str, Any]) -> dict[str, Any]:
@@ -196,19 +210,50 @@ def _previous(out: Path, shape: dict[str, int], cfg_dict: dict[str, Any]) -> dic
     if not out.is_file():
         return {}
     old = json.loads(out.read_text())
-    same = (
-        old.get("shape") == shape
-        and old.get("config", {}).get("num_hidden_layers") == cfg_dict["num_hidden_layers"]
-    )
+    same = old.get("shape") == shape and old.get("config") == _config_summary(cfg_dict)
     return dict(old.get("results", {})) if same else {}
+
+
+def _config_summary(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    return {k: cfg_dict[k] for k in ("num_hidden_layers", "hidden_size", "compress_ratios")}
+
+
+def check_engines(engines: list[str], cfg_dict: dict[str, Any]) -> None:
+    """Refuses, before minutes of checkpoint writing and JIT, a run that an engine is known to reject."""
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise SystemExit(f"bench v4: --engines: unknown {unknown}; choose from {ENGINES}")
+    ratios = cfg_dict["compress_ratios"]
+    if "vllm" in engines and 4 not in ratios:
+        # seen on the H200 with vLLM 0.33.0: its KV-cache planner sizes every layer's pages from the CSA
+        # (ratio-4) layers' and fails on an HCA-only schedule with "page size is not divisible by the
+        # maximum page size and cannot be padded"
+        raise SystemExit(
+            f"bench v4: engine vllm needs a ratio-4 layer in compress_ratios, got {ratios}: vLLM 0.33.0 "
+            "cannot plan the KV cache of an HCA-only schedule; use --layers >= 4 or a --config whose "
+            "schedule has a 4"
+        )
+
+
+def _check_written(ckpt: Path, cfg_dict: dict[str, Any]) -> None:
+    """A --dir written for another model would be measured silently in its place."""
+    have = _config_summary({**cfg_dict, **json.loads((ckpt / "config.json").read_text())})
+    if have != _config_summary(cfg_dict):
+        raise SystemExit(
+            f"bench v4: --dir {ckpt} holds a checkpoint of {have}, not of the requested "
+            f"{_config_summary(cfg_dict)}; give another --dir (it is written when absent)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     args.dir = Path(args.dir)
     cfg_dict = bench_config(args.layers, args.config)
-    if not (args.dir / "config.json").is_file():
-        write_checkpoint_on_gpu(args.dir, cfg_dict, "cuda" if args.platform == "cuda" else "cpu")
     engines = [e for e in args.engines.split(",") if e]
+    check_engines(engines, cfg_dict)
+    if (args.dir / "config.json").is_file():
+        _check_written(args.dir, cfg_dict)
+    else:
+        write_checkpoint_on_gpu(args.dir, cfg_dict, "cuda" if args.platform == "cuda" else "cpu")
     shape = {"batch": args.batch, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens}
     results = _previous(Path(args.out), shape, cfg_dict)
     results.update({e: _measure(args, e) for e in engines})
@@ -222,13 +267,11 @@ def run(args: argparse.Namespace) -> int:
     }
     import torch
 
-    from dsgraph.tools.bench.run import commit
-
     out = {
         "commit": commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "torch": torch.__version__,
-        "config": {k: cfg_dict[k] for k in ("num_hidden_layers", "hidden_size", "compress_ratios")},
+        "config": _config_summary(cfg_dict),
         "shape": shape,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "results": results,
