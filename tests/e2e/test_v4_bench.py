@@ -27,7 +27,7 @@ def test_smoke_run_on_cpu(tmp_path: Path, monkeypatch) -> None:  # type: ignore[
                  head_dim=64, qk_rope_head_dim=16, q_lora_rank=32, o_groups=2, o_lora_rank=32,
                  num_attention_heads=4, index_n_heads=4, index_head_dim=32, vocab_size=256,
                  num_hash_layers=1, compress_rates={"compressed_sparse_attention": 4,
-                 "heavily_compressed_attention": 16}, compress_ratios=[0, 16], sliding_window=8)  # fmt: skip
+                 "heavily_compressed_attention": 16}, compress_ratios=[4, 16], sliding_window=8)  # fmt: skip
     real = B.bench_config
     monkeypatch.setattr(B, "bench_config", lambda layers, config: {**real(layers, config), **small})
     out = tmp_path / "v4.json"

@@ -144,7 +144,12 @@ _VLLM_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not installed beside vLLM on the GPU machine
+    # vLLM's start-up is minutes of torch.compile and kernel JIT; with its caches in one place a later
+    # start (or a machine the caches are copied to) skips them
     "VLLM_CACHE_ROOT": "/tmp/vllm_cache",
+    "DG_JIT_CACHE_DIR": "/tmp/vllm_cache/deep_gemm",
+    "TILELANG_CACHE_DIR": "/tmp/vllm_cache/tilelang",
+    "TRITON_CACHE_DIR": "/tmp/vllm_cache/triton",
     "CUDA_HOME": "/usr/local/cuda",  # nvcc for DeepGEMM's and TileLang's JIT
 }
 
