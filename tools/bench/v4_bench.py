@@ -186,7 +186,7 @@ def _child(args: argparse.Namespace) -> int:
 
 
 def _tail(log: Path, n: int = 2000) -> str:
-    return log.read_text(errors="replace")[-n:] if log.is_file() else ""
+    return log.read_text(errors="replace")[-n:]
 
 
 def _measure(args: argparse.Namespace, engine: str) -> dict[str, Any]:
@@ -220,7 +220,8 @@ def _previous(out: Path, shape: dict[str, int], cfg_dict: dict[str, Any]) -> dic
 
 
 def _config_summary(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    return {k: cfg_dict[k] for k in ("num_hidden_layers", "hidden_size", "compress_ratios")}
+    """What identifies the measured model in the JSON (None for a field a written config lacks)."""
+    return {k: cfg_dict.get(k) for k in ("num_hidden_layers", "hidden_size", "compress_ratios")}
 
 
 def check_engines(engines: list[str], cfg_dict: dict[str, Any]) -> None:
@@ -242,11 +243,11 @@ def check_engines(engines: list[str], cfg_dict: dict[str, Any]) -> None:
 
 def _check_written(ckpt: Path, cfg_dict: dict[str, Any]) -> None:
     """A --dir written for another model would be measured silently in its place."""
-    have = _config_summary({**cfg_dict, **json.loads((ckpt / "config.json").read_text())})
-    if have != _config_summary(cfg_dict):
+    have, want = _config_summary(json.loads((ckpt / "config.json").read_text())), _config_summary(cfg_dict)
+    if have != want:
         raise SystemExit(
-            f"bench v4: --dir {ckpt} holds a checkpoint of {have}, not of the requested "
-            f"{_config_summary(cfg_dict)}; give another --dir (it is written when absent)"
+            f"bench v4: --dir {ckpt} holds a checkpoint of {have}, not of the requested {want}; give "
+            "another --dir (it is written when absent)"
         )
 
 
