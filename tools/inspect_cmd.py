@@ -97,6 +97,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--stage", choices=STAGES, help="print only this stage")
     p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="count the kernels one cuda step launches, per op and per layer, without a GPU (decode: "
+        "--seqs requests at --context, default --tokens requests; prefill: a --tokens chunk); without "
+        "--model the bench model (8 full-width layers)",
+    )
+    p.add_argument("--context", type=int, default=8192, help="with --kernels: the decode context length")
+    p.add_argument("--json", action="store_true", help="with --kernels: JSON instead of the table")
+    p.add_argument(
         "--diff",
         nargs="+",
         metavar="SIDE",
@@ -132,7 +141,25 @@ def load_graph(args: argparse.Namespace) -> tuple[Graph, str, int]:
     raise SystemExit("dsgraph inspect: give --example or --model DIR")
 
 
+def kernel_census(args: argparse.Namespace) -> int:
+    """The census runs in a child process: Triton's interpreter must be on before triton is imported."""
+    import subprocess
+    import sys
+
+    from dsgraph.platform.env import child_environ
+
+    if args.step not in ("decode", "prefill"):
+        raise SystemExit(f"dsgraph inspect --kernels: --step {args.step!r}: expected decode or prefill")
+    batch = (args.seqs or args.tokens) if args.step == "decode" else args.tokens
+    cmd = [sys.executable, "-m", "dsgraph.tools.kernel_census", "--step", args.step, "--batch", str(batch)]
+    cmd += ["--context", str(args.context), *(["--model", args.model] if args.model else [])]
+    cmd += ["--json"] if args.json else []
+    return subprocess.run(cmd, env=child_environ(TRITON_INTERPRET="1"), check=False).returncode
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.kernels:
+        return kernel_census(args)
     if args.bundle:
         from dsgraph.tools.compile_cmd import inspect_bundle
 

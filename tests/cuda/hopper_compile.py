@@ -333,23 +333,20 @@ def _linear(every: bool) -> None:
         from dsgraph.tools.bench.linear_sweep import candidates
 
         tiles |= set(candidates())
-    ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "out_stride_m", "out_stride_g", "out_stride_s")
+    ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "out_stride_m", "out_stride_g", "out_size")
     sizes = {name: "i32" for name in (*ints, "s_stride")}
     aligned = {name: 1 if name == "m_size" else 16 for name in sizes}
     deq = {"w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "rows_size": "i32", "k_size": "i32"}
     _without_spills(
         bf16.dequant_weight_kernel, deq | {"s_stride": "i32"}, dict(BLOCK=bf16.DEQUANT_BLOCK), 4, True
     )
-    reduce = {"part_ptr": "*fp32", "out_ptr": "*bf16", "size": "i32"}
-    _without_spills(
-        linear_tl.reduce_splits_kernel, reduce, dict(SPLITS=4, BLOCK=linear_tl.REDUCE_BLOCK), 4, True
-    )
+    split = {"part_ptr": "*fp32", "count_ptr": "*i32"}  # K splits: partials and the tiles' arrival counts
     for t in sorted(tiles):
         modes = ((bf16.X_BF16, "*bf16"), (bf16.X_SPLIT, "*fp32"))
         for mode, x in modes:
             w = "*fp8e4nv" if t.swapped else "*bf16"
-            types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16"}
-            # K split in 4 (the shared experts' w1/w3 at decode): the split path's partial stores
+            types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16", **split}
+            # K split in 4 (the shared experts' w1/w3 at decode): the split path's partials and last-split sum
             meta = dict(K_SIZE=5120, K_SPLIT=1280, W_FP8=t.swapped, X_MODE=mode, SWAPPED=t.swapped)
             meta |= dict(EMU_F32=False, EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
             meta["WIDE"] = t.wide and mode != bf16.X_SPLIT  # as linear_bf16_tl.launch sets it
@@ -358,13 +355,14 @@ def _linear(every: bool) -> None:
                 bf16.gemm_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
             )
     for t in sorted({t for _, t in rule.DENSE_TILE_TABLE}):
-        types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*fp32"}
-        meta = dict(K_SIZE=5120, K_SPLIT=5120, DOT_KIND=linear_tl.DOT_NATIVE, HAS_SCALE=False, EVEN_K=True)
-        meta |= dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-        print(f"dense linear {t}", flush=True)
-        _without_spills(
-            linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
-        )
+        types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*fp32", **split}
+        for k_split in (5120, 1280):  # whole K (the head), K split in 4 (the router gate at decode)
+            meta = dict(K_SIZE=5120, K_SPLIT=k_split, DOT_KIND=linear_tl.DOT_NATIVE, HAS_SCALE=False)
+            meta |= dict(EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            print(f"dense linear {t} K split {k_split}", flush=True)
+            _without_spills(
+                linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
+            )
 
 
 def main(argv: list[str]) -> int:

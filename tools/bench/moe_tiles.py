@@ -1,5 +1,5 @@
 """GPU sweep of candidate swap-AB tile sets for `moe_experts` (moe.SwapTiles) at V4.1's widths:
-`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant]` makes each
+`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant|asm|prefill_asm]` makes each
 candidate a one-bucket variant (`candidates`), prints for a few row counts whether its output has the
 same bits as "swap"'s (a variant that mixes tile sets across its row buckets keeps rows batch invariant
 only then), and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave the
@@ -11,6 +11,9 @@ against the default swap_ds, each candidate with the default's prefill bucket, a
 checks every result bit for bit against `scaled_ref`: dot_scaled (Triton's upcast, a separate
 implementation of the same BF16 values) at every bucket, the numerics of the kernels before the
 word-wise dequantization.
+The prefill_asm set times the inline-PTX upcast (and the kernel's own dequantization at 128 sorted rows)
+at prefill tiles behind the default's decode bucket, at --rows (4,096 and 16,384), bit for bit against
+the default.
 """
 
 from __future__ import annotations
@@ -69,6 +72,17 @@ PREFILL = {  # (gated tiles, down tiles)
 }
 
 
+PREFILL_ASM = {  # (gated tiles, down tiles): the inline-PTX upcast at prefill tiles (pipelined weight loads)
+    "pa_128x64_s3": (T(128, 64, 64, 8, 3, asm=True), T(128, 128, 64, 8, 3, asm=True)),
+    "pa_128x64_s4": (T(128, 64, 64, 8, 4, asm=True), T(128, 64, 64, 8, 4, asm=True)),
+    "pa_64x64_w4": (T(64, 64, 64, 4, 3, asm=True), T(64, 128, 64, 4, 3, asm=True)),
+    "pa_64x128_w4": (T(64, 128, 64, 4, 3, asm=True), T(64, 128, 64, 4, 3, asm=True)),
+    "pa_128x128_s3": (T(128, 128, 64, 8, 3, asm=True), T(128, 128, 64, 8, 3, asm=True)),
+    "pa_256x64_w8": (T(256, 64, 64, 8, 3, asm=True), T(256, 64, 64, 8, 3, asm=True)),
+    "pd_128x128_s3": (T(128, 128, 64, 8, 3), T(128, 128, 64, 8, 3)),  # the kernel's own dequantization
+}
+
+
 def candidates(which: str) -> dict[str, SwapBuckets]:
     """The set's candidates as variants (name -> swap buckets): one bucket each, or for the dequant set
     the candidate's decode tiles up to 512 rows then the default's prefill bucket, and `scaled_ref`."""
@@ -80,6 +94,8 @@ def candidates(which: str) -> dict[str, SwapBuckets]:
         return table
     if which == "asm":  # decode tiles up to 512 rows, the default's prefill bucket above
         return {name: ((512, t, t), SWAP_BUCKETS[-1]) for name, t in ASM.items()}
+    if which == "prefill_asm":  # the default's decode bucket, the candidate's tiles above it
+        return {name: (SWAP_BUCKETS[0], (_BIG, g, d)) for name, (g, d) in PREFILL_ASM.items()}
     cases = {name: (t, t) for name, t in DECODE.items()} if which == "decode" else PREFILL
     return {name: ((_BIG, gated, down),) for name, (gated, down) in cases.items()}
 
@@ -97,7 +113,10 @@ def same_bits(table: dict[str, SwapBuckets], rows_list: tuple[int, ...], referen
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", choices=("decode", "prefill", "dequant", "asm"), default="decode")
+    parser.add_argument(
+        "--set", choices=("decode", "prefill", "dequant", "asm", "prefill_asm"), default="decode"
+    )
+    parser.add_argument("--rows", nargs="*", default=["4096", "16384"], help="prefill_asm: step rows")
     args = parser.parse_args(argv)
     table = candidates(args.set)
     if args.set == "dequant":
@@ -107,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         return moe_sweep.main([*sweep, "--same-bits-as", "scaled_ref"], extra=table)
     if args.set == "asm":  # a candidate replaces the default's decode tiles only with its bits
         sweep = ["--out", str(args.out), "--rows", "1", "8", "64", "256", "--variants", "swap_ds", *ASM]
+        return moe_sweep.main([*sweep, "--same-bits-as", "swap_ds"], extra=table)
+    if args.set == "prefill_asm":  # a candidate replaces the default's prefill tiles only with its bits
+        sweep = ["--out", str(args.out), "--rows", *args.rows, "--variants", "swap_ds", *PREFILL_ASM]
         return moe_sweep.main([*sweep, "--same-bits-as", "swap_ds"], extra=table)
     same_bits(table, (1, 64, 600, 4096))
     rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]

@@ -180,7 +180,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "swa_write": ("cache_tl.swa_write_kernel",),
     "paged_write": ("cache_tl.paged_write_kernel",),
     "compress": (
-        *("linear_tl.linear_kernel", "linear_tl.reduce_splits_kernel"),
+        "linear_tl.linear_kernel",
         "cache_tl.compress_pool_kernel",
         "cache_tl.compress_state_kernel",
     ),

@@ -184,6 +184,5 @@ _LINEAR_KERNELS = (
     "linear_bf16_tl.dequant_weight_kernel",
     "linear_bf16_tl.gemm_kernel",
     "linear_tl.linear_kernel",
-    "linear_tl.reduce_splits_kernel",
 )
 KERNELS: dict[str, tuple[str, ...]] = {"linear": _LINEAR_KERNELS, "grouped_linear": _LINEAR_KERNELS}

@@ -21,7 +21,8 @@ dequantization at decode. One GEMM (`gemm_kernel`) in two layouts, one arithmeti
 Both issue, for every output element, the same tensor-core steps in increasing K order (split pieces:
 hi, mid, lo per 32 columns), whatever the tiles, so a row's bits do not depend on the batch or on which
 kernel served it (tests/cuda/test_linear_bf16.py checks this on the GPU). K splits, chosen from the
-weight's shape only, are summed apart in FP32 and added in order by linear_tl.reduce_splits_kernel.
+weight's shape only, are summed apart in FP32 and added in order by each tile's last split
+(linear_tl.store_tile), in the same launch.
 
 Values stay exact while no scaled value leaves bf16's normal range: block scales of at least 2^-117
 (UE8M0 byte 10) and the activation codec's scales are far inside it.
@@ -34,10 +35,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dsgraph.platform.cuda.kernels.quant_tl import (
-    e8m0_to_f32,
-    round_f32_to,
-)
+from dsgraph.platform.cuda.kernels.linear_tl import store_tile
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
 
 X_BF16 = 0  # activations already bf16 operands (qdq'ed by qdq_rows, or bf16 with act_quant none)
 X_SPLIT = 2  # f32/f16 activations split into three exact bf16 pieces
@@ -145,17 +144,19 @@ def _dot_step(w, x, acc, EMU_F32: tl.constexpr, BLOCK_K: tl.constexpr) -> tl.ten
 
 @triton.jit
 def gemm_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
-    out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, W_FP8: tl.constexpr,
-    X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
+    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WIDE: tl.constexpr,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along
-    K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out [M, G, N] in its
-    dtype, or the FP32 partial of split s at out + s * out_stride_s when K is split (K_SPLIT then a
-    multiple of BLOCK_K). SWAPPED accumulates out^T tiles. A step of BLOCK_K columns is one dot when
-    both operands are bf16 already, else BLOCK_K / 32 chunks (same tensor-core steps, same order), or
-    (WIDE, swapped without split pieces) one load and dequantization of the whole step, then one dot."""
+    K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out [M, G, N] contiguous
+    (out_size elements) in its dtype; when K is split (K_SPLIT then a multiple of BLOCK_K) each split
+    writes its FP32 partial and the tile's last split adds them (linear_tl.store_tile). SWAPPED
+    accumulates out^T tiles. A step of BLOCK_K columns is one dot when both operands are bf16 already,
+    else BLOCK_K / 32 chunks (same tensor-core steps, same order), or (WIDE, swapped without split
+    pieces) one load and dequantization of the whole step, then one dot."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     CHUNKED: tl.constexpr = W_FP8 or X_MODE != 0
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -186,12 +187,9 @@ def gemm_kernel(
             acc = _dot_x(w, x, acc, X_MODE, SWAPPED, EMU_F32)
     if SWAPPED:
         acc = tl.trans(acc)
-    out = out_ptr + split * out_stride_s + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLITS == 1:
-        tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out, acc, mask=mask)
+    offs = g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
+    store_tile(acc, out_ptr, part_ptr, count_ptr, offs, m_mask[:, None] & n_mask[None, :], split, out_size,
+               SPLITS)  # fmt: skip
 
 
 def qdq_rows(x: Tensor) -> Tensor:
@@ -224,7 +222,7 @@ def launch(
     contiguous; quantize: the op's FP8-g32 activation codec; tiles (BLOCK_M, BLOCK_N, BLOCK_K, warps,
     stages, swapped). Swapped tiles dequantize the weight in registers; the others prepare both operands
     in bf16 first (same values, same dots: the same bits)."""
-    from dsgraph.platform.cuda.kernels.linear_tl import reduce_splits, split_target
+    from dsgraph.platform.cuda.kernels.linear_tl import split_buffers
 
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
@@ -237,13 +235,13 @@ def launch(
     mode = x_mode(x)
     if not swapped:
         w = dequant_weight(w, scale)
-    target = split_target(out, splits)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
+    part, counts = split_buffers(out, splits, grid)
     gemm_kernel[grid](
-        x, w, scale, target, m_size, n_size, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits, W_FP8=bool(swapped),
-        X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda, EVEN_K=(k_size // splits) % block_k == 0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, WIDE=bool(swapped and wide and mode != X_SPLIT),
+        x, w, scale, out, part, counts, m_size, n_size, x.stride(0), x.stride(1), out.stride(0),
+        out.stride(1), out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits,
+        W_FP8=bool(swapped), X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda,
+        EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        WIDE=bool(swapped and wide and mode != X_SPLIT),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    reduce_splits(target, out, splits)

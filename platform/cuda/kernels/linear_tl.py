@@ -33,7 +33,6 @@ DOT_SPLIT_F32 = 4  # the same pieces dotted as FP32 (Triton's interpreter, whose
 # Triton's interpreter only: the chunk's products summed in FP64 and rounded once. Its FP32 dot sums in
 # an order that depends on the tile shape, which would make rows depend on the batch's tiles.
 DOT_F64 = 5
-REDUCE_BLOCK = 1024  # elements per program of reduce_splits_kernel
 
 
 @triton.jit
@@ -106,17 +105,43 @@ def _chunk_part(
 
 
 @triton.jit
+def store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, size, SPLITS: tl.constexpr) -> None:
+    """Write one program's FP32 tile `acc` at element offsets `offs` of out (contiguous): rounded to out's
+    dtype when K is not split; else as split `split`'s partial (part_ptr + split * size + offs), and the
+    tile's last split to arrive (an atomic count per tile) adds the partials in increasing K order,
+    ((p0 + p1) + p2) + ..., rounds once and resets the count for the next launch. The same sums in the
+    same order as a separate reduction pass, so the same bits, in one launch fewer."""
+    if SPLITS == 1:
+        tl.store(out_ptr + offs, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(part_ptr + split * size + offs, acc, mask=mask)
+        # every thread's partial is written before the count says so (the release is cumulative over
+        # what the barrier ordered); the reader's acquire and L2 loads (.cg) see them
+        tl.debug_barrier()
+        tile = (tl.program_id(2) // SPLITS * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0)
+        tile += tl.program_id(0)
+        arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            total = tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLITS):
+                total += tl.load(part_ptr + s * size + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offs, round_f32_to(total, out_ptr.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def linear_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, m_size, n_size, x_stride_m, x_stride_g, out_stride_m, out_stride_g,
-    out_stride_s, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr, DOT_KIND: tl.constexpr,
-    HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
+    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along K),
-    W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] (unit stride along
-    N). EVEN_K: K_SPLIT is a multiple of BLOCK_K (no K masks).
-    Split s of K (K_SPLIT < K_SIZE) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into the FP32 partial
-    out + s * out_stride_s (reduce_splits_kernel adds them); K_SPLIT == K_SIZE writes out in its dtype.
+    W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] contiguous
+    (out_size elements). EVEN_K: K_SPLIT is a multiple of BLOCK_K (no K masks).
+    Split s of K (K_SPLIT < K_SIZE) sums columns [s K_SPLIT, (s + 1) K_SPLIT) into its FP32 partial, and
+    the tile's last split adds them (`store_tile`; part_ptr: [splits, out_size] FP32, count_ptr: one
+    zeroed int32 per tile); K_SPLIT == K_SIZE writes out directly.
     Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -135,24 +160,9 @@ def linear_kernel(
                 x_base, w_ptr, s_ptr, rows, w_rows, n_mask, k_lo + k0 + kk * 32, m_size, K_SIZE, x_stride_m,
                 s_stride, DOT_KIND, HAS_SCALE, EVEN_K,
             )  # fmt: skip
-    out = out_ptr + split * out_stride_s + g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
+    offs = g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
     mask = (rows[:, None] < m_size) & n_mask[None, :]
-    if SPLITS == 1:
-        tl.store(out, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(out, acc, mask=mask)
-
-
-@triton.jit
-def reduce_splits_kernel(part_ptr, out_ptr, size, SPLITS: tl.constexpr, BLOCK: tl.constexpr) -> None:
-    """Grid cdiv(size, BLOCK): out[i] = (((part[0, i] + part[1, i]) + ...) rounded to out's dtype: the
-    splits added in increasing K order, the same for every row and batch."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < size
-    acc = tl.load(part_ptr + i, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLITS):
-        acc += tl.load(part_ptr + s * size + i, mask=mask, other=0.0)
-    tl.store(out_ptr + i, round_f32_to(acc, out_ptr.dtype.element_ty), mask=mask)
+    store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, out_size, SPLITS)
 
 
 def launch(
@@ -161,8 +171,8 @@ def launch(
 ) -> None:  # fmt: skip
     """x [M, G, K], w [G*N, K], scale (uint8 view) or None, out [M, G, N] (contiguous); tiles = (BLOCK_M,
     BLOCK_N, BLOCK_K, num_warps, num_stages, ...). splits > 1 (K a multiple of BLOCK_K * splits): K is cut
-    into that many equal ranges, summed into FP32 partials and then added in order (linear.py picks splits
-    from the weight's shape only)."""
+    into that many equal ranges, summed into FP32 partials that the last range of each tile adds in order
+    (linear.py picks splits from the weight's shape only)."""
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
     block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
@@ -172,27 +182,41 @@ def launch(
             "times the splits"
         )
     k_split = k_size // splits
-    target = split_target(out, splits)
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
+    part, counts = split_buffers(out, splits, grid)
     linear_kernel[grid](
-        x, w, scale if scale is not None else w, target, m_size, n_size, x.stride(0), x.stride(1),
+        x, w, scale if scale is not None else w, out, part, counts, m_size, n_size, x.stride(0), x.stride(1),
         out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
         K_SIZE=k_size, K_SPLIT=k_split, DOT_KIND=dot_kind, HAS_SCALE=scale is not None,
         EVEN_K=k_split % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
-    reduce_splits(target, out, splits)
 
 
-def split_target(out: Tensor, splits: int) -> Tensor:
-    """Where a GEMM of `splits` K ranges writes: out itself, or FP32 partials [splits, *out.shape]."""
-    return out if splits == 1 else torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+# One int32 arrival count per output tile of a split GEMM, zero between launches (the last split of a
+# tile resets its count). One buffer per device serves every launch: launches that use it run in stream
+# order (the side stream carries no GEMM), so no two are in flight at once.
+COUNT_SLOTS = 1 << 20
+_COUNTS: dict[torch.device, Tensor] = {}
 
 
-def reduce_splits(target: Tensor, out: Tensor, splits: int) -> None:
-    """out = the K ranges' partials added in order (nothing to do for one range)."""
-    if splits > 1:
-        size = out.numel()
-        reduce_splits_kernel[(triton.cdiv(size, REDUCE_BLOCK),)](
-            target, out, size, SPLITS=splits, BLOCK=REDUCE_BLOCK
-        )
+def split_counts(device: torch.device, tiles: int) -> Tensor:
+    """The device's zeroed tile counts (allocated at its first split GEMM, which a capture's eager
+    warm-up runs before any capture)."""
+    if tiles > COUNT_SLOTS:
+        raise ValueError(f"linear: {tiles} output tiles of a split GEMM, more than the {COUNT_SLOTS} counts")
+    counts = _COUNTS.get(device)
+    if counts is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("linear: the split GEMM's tile counts must be allocated before a capture")
+        counts = _COUNTS[device] = torch.zeros(COUNT_SLOTS, dtype=torch.int32, device=device)
+    return counts
+
+
+def split_buffers(out: Tensor, splits: int, grid: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """The FP32 partials [splits, *out.shape] and tile counts of a split GEMM (out itself for one range:
+    the kernel then reads neither)."""
+    if splits == 1:
+        return out, out
+    part = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
+    return part, split_counts(out.device, grid[0] * grid[1] * (grid[2] // splits))

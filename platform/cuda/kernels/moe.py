@@ -290,7 +290,6 @@ RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "sw
 KERNELS: dict[str, tuple[str, ...]] = {
     "moe_route": (  # the dense gate, then the selection
         "linear_tl.linear_kernel",
-        "linear_tl.reduce_splits_kernel",
         "moe_route_tl.route_select_kernel",
     ),
     "moe_experts": (

@@ -1,0 +1,61 @@
+"""`dsgraph inspect --kernels`: the launches of one cuda step counted without a GPU (tools/kernel_census.py)
+on the bench model (8 full-width layers), checked against the kernel tables the cuda rules declare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dsgraph.platform.cuda.target import kernel_launches, kernel_rules
+
+
+def _census(step: str, tokens: int) -> dict:
+    cmd = [sys.executable, "-m", "dsgraph.tools.cli", "inspect", "--kernels", "--json", "--step", step]
+    done = subprocess.run([*cmd, "--tokens", str(tokens)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def decode() -> dict:
+    return _census("decode", 1)
+
+
+def test_the_totals_add_up(decode: dict) -> None:
+    per_op = sum(row["launches"] for row in decode["per_op"].values())
+    assert decode["launches"] == per_op == sum(decode["per_layer"].values())
+    assert decode["layers"] == 8 and set(decode["per_layer"]) >= {str(i) for i in range(8)}
+    inner = sum(v for k, v in decode["per_layer"].items() if k not in ("embed", "head"))
+    assert decode["per_layer_mean"] == pytest.approx(inner / 8)
+
+
+def test_each_linear_is_one_launch_split_or_not(decode: dict) -> None:
+    """Decode cuts K of the narrow projections into ranges (linear.k_splits: the shared experts' w1/w3,
+    wo_b, ...); the tile's last range adds them, so no linear launches a reduction of its own."""
+    for op in ("linear", "grouped_linear"):
+        row = decode["per_op"][op]
+        assert row["launches"] == row["equations"], (op, row)
+
+
+def test_every_triton_launch_is_in_its_ops_kernel_table(decode: dict) -> None:
+    tables = kernel_launches(kernel_rules()[0])
+    for op, row in decode["per_op"].items():
+        declared = {name.split(".")[-1] for name in tables.get(op, ())}
+        launched = {k.split(":", 1)[1] for k in row["kernels"] if k.startswith("triton:")}
+        assert launched <= declared, (op, launched - declared)
+
+
+def test_a_prefill_chunk_is_counted_too() -> None:
+    prefill = _census("prefill", 64)
+    assert prefill["program"].startswith("v41_step") and prefill["launches"] > 8 * 20
+    # a prefill chunk of 64 rows runs no K split either way: still one launch per linear
+    assert prefill["per_op"]["linear"]["launches"] == prefill["per_op"]["linear"]["equations"]
+
+
+def test_the_step_must_be_decode_or_prefill() -> None:
+    cmd = [sys.executable, "-m", "dsgraph.tools.cli", "inspect", "--kernels", "--step", "draft"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--step 'draft': expected decode or prefill" in done.stderr
