@@ -569,16 +569,19 @@ def _extreme_scales(ws: tuple[torch.Tensor, ...], gen: torch.Generator) -> tuple
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("layout", [(64, 2), (64, 4), (128, 4), (128, 8)])
-def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    "layout", [(64, 2, 16), (64, 4, 16), (128, 4, 16), (128, 8, 16), (64, 4, 64), (64, 4, 128)]
+)
+def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[int, int, int]) -> None:
     """The inline-PTX upcast gives each packed byte its own scale, so its bits may not depend on how
     Triton lays the bytes out over the threads: every (weight rows, warps) layout must match the kernel's
     own word-wise dequantization bit for bit (NaN where it has NaN), in its one-multiply form (every
-    scale byte at most 128) and in its two-multiply form (extreme scale bytes)."""
-    block_w, warps = layout
-    asm = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3, asm=True)
-    ref = cuda_moe.SwapTiles(block_w, 16, 64, warps, 3)
-    gen = torch.Generator().manual_seed(block_w + warps)
+    scale byte at most 128) and in its two-multiply form (extreme scale bytes). Layouts: (weight rows,
+    warps, sorted rows), the decode tiles' 16 sorted rows and the prefill tiles' 64 and 128."""
+    block_w, warps, block_t = layout
+    asm = cuda_moe.SwapTiles(block_w, block_t, 64, warps, 3, asm=True)
+    ref = cuda_moe.SwapTiles(block_w, block_t, 64, warps, 3)
+    gen = torch.Generator().manual_seed(block_w + warps + block_t)
     rows, hidden, inter, num_experts, k = 24, 256, 192, 6, 3
     p = _mxfp4_params(7.0, gemm_out_dtype="bf16")
     x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)

@@ -17,8 +17,7 @@
   launch qdq's x once, and the plan runs again when the down GEMM's BLOCK_T differs from the gated
   one's. The decode tiles upcast the packed weights with inline PTX (SwapTiles.asm: the same BF16 values
   as tl.dot_scaled's upcast, fewer instructions; one multiply per code pair fewer where every scale byte
-  is at most 128, known on the host per tensor: ../scale_bound.py); the prefill tiles dequantize in the
-  kernel.
+  is at most 128, known on the host per tensor: ../scale_bound.py), and so do the prefill tiles.
 - swiglu: one element-wise kernel.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
@@ -89,10 +88,12 @@ SwapBuckets = tuple[tuple[int, SwapTiles, SwapTiles], ...]
 _BIG = 1 << 62
 # Decode streams each touched expert's weights once: 16 sorted rows per tile, two warps per 64 weight
 # rows, the inline-PTX upcast (fewer instructions per code than dot_scaled's, the same bits). Prefill is
-# compute bound: larger tiles, where the kernel's own dequantization beats dot_scaled's.
+# compute bound: 64 or 128 sorted rows per tile on one warpgroup of 64 weight rows, the same upcast (the
+# prefill_asm sweep, bench/results/moe-sweep-*-prefill-asm-*.json: 1.16x the kernel's own dequantization
+# at 128 x 64 tiles on 4,096 rows, 1.18x on 16,384, the same bits).
 SWAP_BUCKETS: SwapBuckets = (
     (512, SwapTiles(64, 16, 64, 2, 3, asm=True), SwapTiles(64, 16, 64, 2, 3, asm=True)),
-    (_BIG, SwapTiles(128, 64, 64, 8, 3), SwapTiles(128, 128, 64, 8, 3)),
+    (_BIG, SwapTiles(64, 64, 64, 4, 3, asm=True), SwapTiles(64, 128, 64, 4, 3, asm=True)),
 )
 
 
