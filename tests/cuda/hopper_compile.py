@@ -346,8 +346,10 @@ def _linear(every: bool) -> None:
         for mode, x in modes:
             w = "*fp8e4nv" if t.swapped else "*bf16"
             types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16", **split}
-            # K split in 4 (the shared experts' w1/w3 at decode): the split path's partials and last-split sum
+            # K split in 4 (the shared experts' w1/w3): a program per range and the last range's sum
+            # (swapped, decode), or the ranges one after the other in one program (plain, as launch picks)
             meta = dict(K_SIZE=5120, K_SPLIT=1280, W_FP8=t.swapped, X_MODE=mode, SWAPPED=t.swapped)
+            meta["IN_PROGRAM"] = bf16.sums_in_program(t)
             meta |= dict(EMU_F32=False, EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
             meta["WIDE"] = t.wide and mode != bf16.X_SPLIT  # as linear_bf16_tl.launch sets it
             print(f"linear {t} x {x} mode {mode}", flush=True)

@@ -22,6 +22,7 @@ import torch
 pytest.importorskip("triton")  # tests/cuda/conftest.py switches the interpreter on where there is no GPU
 
 from dsgraph.platform.cpu import rules_core, rules_quant  # noqa: E402
+from dsgraph.platform.cpu.dtypes import to_torch  # noqa: E402
 from dsgraph.platform.cpu.quant import fp8_block_quantize, fp8_g32_quantize  # noqa: E402
 from dsgraph.platform.cuda.kernels import linear as cuda_linear  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
@@ -345,6 +346,55 @@ def test_split_k_matches_the_cpu_rule_and_keeps_rows_batch_invariant(
     for size in (1, 7):
         part = cuda_linear.linear(p, x[3 : 3 + size].to(DEVICE), *device_w)
         assert torch.equal(part, full[3 : 3 + size]), size
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a float tensor (torch.equal counts -0 equal to +0)."""
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize(
+    "case", [CASES[0], CASES[1], CASES[4]], ids=lambda c: f"{c[1]}-{str(c[2])[6:]}-{c[3]}"
+)
+@pytest.mark.parametrize("swapped", [False, True], ids=["plain", "swapped"])
+def test_split_k_in_one_program_has_the_bits_of_a_program_per_range(
+    case: tuple, swapped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split weight's K ranges summed one after the other in one program (the plain, prefill tiles'
+    default) or by a program each whose partials the tile's last range adds (the swapped, decode tiles'
+    default): the same tiles give the same bits either way, within the cpu rule's tolerance. On the GPU
+    the plain tiles' rows also have the swapped tiles' bits (the same tensor-core steps)."""
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl
+
+    monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 256)
+    monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 256)
+    monkeypatch.setattr(cuda_linear, "SPLIT_TARGET", 1 << 30)
+    weight_format, act_quant, x_dtype, out_dtype = case
+    n, k = 96, 1024
+    assert cuda_linear.k_splits(1, n, k) == 4
+    gen = torch.Generator().manual_seed(29)
+    p = _params(weight_format, act_quant, out_dtype)
+    x = (torch.randn(20, k, generator=gen) * 3).to(x_dtype)
+    w = _weight(weight_format, n, k, x_dtype, gen)
+    _compare_linear(p, x, w)
+    x3, (w8, scale) = x.reshape(20, 1, k).to(DEVICE), (t.to(DEVICE) for t in w)
+    tiles = cuda_linear.tiles_for(1) if swapped else cuda_linear.TILE_TABLE[-1][1]
+    assert tiles.swapped == swapped
+    got = {}
+    for in_program in (True, False):
+        out = torch.empty((20, 1, n), dtype=to_torch(out_dtype), device=DEVICE)
+        linear_bf16_tl.launch(
+            x3, w8, scale.view(torch.uint8), out, act_quant == "fp8_g32", tiles, 4, in_program
+        )
+        got[in_program] = out.reshape(20, n)
+    assert torch.equal(_bits(got[True]), _bits(got[False]))
+    default = cuda_linear.linear(p, x.to(DEVICE), w8, scale, tiles=tiles)  # the rule's own choice
+    assert torch.equal(_bits(got[not swapped]), _bits(default))
+    if ON_GPU:
+        other = cuda_linear.TILE_TABLE[-1][1] if swapped else cuda_linear.tiles_for(1)
+        assert torch.equal(
+            _bits(got[True]), _bits(cuda_linear.linear(p, x.to(DEVICE), w8, scale, tiles=other))
+        )
 
 
 def test_split_k_refuses_ranges_that_cut_a_k_step() -> None:

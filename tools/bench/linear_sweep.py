@@ -311,6 +311,32 @@ def sweep_policy(s: Shape, m: int, cal: Any, policy: SplitPolicy) -> dict[str, A
     return row
 
 
+def sweep_in_program(s: Shape, m: int, cal: Any) -> dict[str, Any]:
+    """A weight whose K is split (linear.k_splits) at the prefill tiles: its ranges summed by a program
+    each plus the last range's sum, against one program summing them one after the other (the default
+    where linear_bf16_tl.sums_in_program allows it): time of each, and their bits (must be equal)."""
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl
+
+    tiles, splits = _reference(), lin.k_splits(s.groups, s.n, s.k)
+    x, weights = _inputs(s, m, 1)
+    x3, (w, scale) = x.reshape(m, s.groups, s.k).contiguous(), weights[0]
+    out_dtype, bits = (torch.bfloat16, torch.int16) if s.out == "bf16" else (torch.float32, torch.int32)
+    flops = 2 * m * s.groups * s.n * s.k
+    row: dict[str, Any] = {"shape": s.name, "m": m, "splits": splits, "tiles": list(tiles)}
+    out = {}
+    for in_program, name in ((False, "per_range"), (True, "in_program")):
+        y = torch.empty((m, s.groups, s.n), dtype=out_dtype, device="cuda")
+        args = (x3, w, scale.view(torch.uint8), y, s.act == "fp8", tiles, splits, in_program)
+        ms = _time_calls(lambda _, a=args: linear_bf16_tl.launch(*a), 1)
+        linear_bf16_tl.launch(*args)
+        out[in_program] = y.view(bits).clone()
+        row |= {f"{name}_ms": ms, f"{name}_tflops": flops / (ms * 1e-3) / 1e12}
+    row["speedup"] = row["per_range_ms"] / row["in_program_ms"]
+    row["bit_equal"] = bool(torch.equal(out[True], out[False]))
+    row["fraction_of_fp8_gemm"] = row["in_program_tflops"] / cal.fp8_gemm_tflops
+    return row
+
+
 def decode_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (shape, M): the table pick's and the best bit-equal config's fraction of copy bandwidth."""
     out = []
@@ -391,7 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", type=str, default="", help="comma-separated name substrings")
     ap.add_argument("--no-policies", action="store_true", help="skip the split policies (POLICIES)")
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument(
+        "--in-program-ab",
+        action="store_true",
+        help="only time the split weights at --ms rows (default 4096, 16384) with their K ranges summed "
+        "by a program each and in one program, same tiles (writes linear_in_program.json)",
+    )
     args = ap.parse_args(argv)
+    if args.in_program_ab:
+        return in_program_ab(args)
     from dsgraph.tools.bench.calibrate import calibrate
 
     wanted = [w for w in args.shapes.split(",") if w]
@@ -438,6 +472,22 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result["policy_layer_ms"], indent=1))
     print(f"total {result['total_s']:.1f} s; wrote {args.out / 'linear_sweep.json'}")
     return 0
+
+
+def in_program_ab(args: argparse.Namespace) -> int:
+    from dsgraph.tools.bench.calibrate import calibrate
+
+    ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else (4096, 16384)
+    split = [s for s in SHAPES if s.act != "dense" and lin.k_splits(s.groups, s.n, s.k) > 1]
+    cal = calibrate()
+    rows = [sweep_in_program(s, m, cal) for s in split for m in ms]
+    for r in rows:
+        print(json.dumps(r), flush=True)
+    result = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "calibration": cal.as_dict(), "rows": rows}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "linear_in_program.json").write_text(json.dumps(result, indent=1))
+    return 0 if all(r["bit_equal"] for r in rows) else 1
 
 
 if __name__ == "__main__":

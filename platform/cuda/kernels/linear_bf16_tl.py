@@ -143,34 +143,12 @@ def _dot_step(w, x, acc, EMU_F32: tl.constexpr, BLOCK_K: tl.constexpr) -> tl.ten
 
 
 @triton.jit
-def gemm_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
-    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
-    W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
-    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WIDE: tl.constexpr,
-) -> None:  # fmt: skip
-    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along
-    K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out [M, G, N] contiguous
-    (out_size elements) in its dtype; when K is split (K_SPLIT then a multiple of BLOCK_K) each split
-    writes its FP32 partial and the tile's last split adds them (linear_tl.store_tile). SWAPPED
-    accumulates out^T tiles. A step of BLOCK_K columns is one dot when both operands are bf16 already,
-    else BLOCK_K / 32 chunks (same tensor-core steps, same order), or (WIDE, swapped without split
-    pieces) one load and dequantization of the whole step, then one dot."""
-    SPLITS: tl.constexpr = K_SIZE // K_SPLIT
+def _k_range(acc, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo, s_stride, K_SIZE: tl.constexpr,
+             K_SPLIT: tl.constexpr, W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr,
+             EMU_F32: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             WIDE: tl.constexpr) -> tl.tensor:  # fmt: skip
+    """acc + the dots of columns [k_lo, k_lo + K_SPLIT) in steps of BLOCK_K, in increasing K order."""
     CHUNKED: tl.constexpr = W_FP8 or X_MODE != 0
-    pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    g, split = pid_gs // SPLITS, pid_gs % SPLITS
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = rows < m_size, n < n_size
-    w_rows = (g * n_size + n).to(tl.int64)
-    x_base = x_ptr + g * x_stride_g + rows[:, None] * x_stride_m
-    if SWAPPED:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_lo = split * K_SPLIT
     for k_step in range(0, K_SPLIT, BLOCK_K):
         if WIDE:
             x, w = _load_step(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step, s_stride, K_SIZE,
@@ -185,11 +163,55 @@ def gemm_kernel(
             x, w = _load_chunk(x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo + k_step, s_stride,
                                K_SIZE, BLOCK_K, False, EVEN_K)  # fmt: skip
             acc = _dot_x(w, x, acc, X_MODE, SWAPPED, EMU_F32)
+    return acc
+
+
+@triton.jit
+def gemm_kernel(
+    x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
+    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr,
+) -> None:  # fmt: skip
+    """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT, or G when IN_PROGRAM). x [M, G, K]
+    (unit stride along K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out
+    [M, G, N] contiguous (out_size elements) in its dtype. K is summed in ranges of K_SPLIT columns
+    (K_SPLIT then a multiple of BLOCK_K), each from zero, and the ranges' FP32 sums added in increasing K
+    order: by one program per range, whose partials the tile's last range adds (linear_tl.store_tile),
+    or IN_PROGRAM by one program that sums the ranges one after the other and adds each to the total as
+    it ends (the same sums in the same order: the same bits, without partials in memory). SWAPPED
+    accumulates out^T tiles. A step of BLOCK_K columns is one dot when both operands are bf16 already,
+    else BLOCK_K / 32 chunks (same tensor-core steps, same order), or (WIDE, swapped without split
+    pieces) one load and dequantization of the whole step, then one dot."""
+    SPLITS: tl.constexpr = K_SIZE // K_SPLIT
+    pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if IN_PROGRAM:
+        g, split = pid_gs, 0
+    else:
+        g, split = pid_gs // SPLITS, pid_gs % SPLITS
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = rows < m_size, n < n_size
+    w_rows = (g * n_size + n).to(tl.int64)
+    x_base = x_ptr + g * x_stride_g + rows[:, None] * x_stride_m
+    if SWAPPED:
+        zeros = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _k_range(zeros, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, split * K_SPLIT, s_stride, K_SIZE,
+                   K_SPLIT, W_FP8, X_MODE, SWAPPED, EMU_F32, EVEN_K, BLOCK_N, BLOCK_K, WIDE)  # fmt: skip
+    if IN_PROGRAM:
+        # the first range's sum is the total as it is (no add of a zero, which could turn -0 into +0)
+        for s in range(1, SPLITS):
+            acc += _k_range(zeros, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, s * K_SPLIT, s_stride,
+                            K_SIZE, K_SPLIT, W_FP8, X_MODE, SWAPPED, EMU_F32, EVEN_K, BLOCK_N, BLOCK_K,
+                            WIDE)  # fmt: skip
     if SWAPPED:
         acc = tl.trans(acc)
     offs = g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]
     store_tile(acc, out_ptr, part_ptr, count_ptr, offs, m_mask[:, None] & n_mask[None, :], split, out_size,
-               SPLITS)  # fmt: skip
+               1 if IN_PROGRAM else SPLITS)  # fmt: skip
 
 
 def qdq_rows(x: Tensor) -> Tensor:
@@ -215,13 +237,28 @@ def x_mode(x: Tensor) -> int:
     return X_BF16 if x.dtype == torch.bfloat16 else X_SPLIT
 
 
+# FP32 accumulator registers per thread that a tile may hold twice (the total and the current range):
+# a 128 x 128 tile on 8 warps holds 64 (sm_90: 205 registers, no spills; 128 on 4 warps spills)
+IN_PROGRAM_ACC_REGS = 64
+
+
+def sums_in_program(tiles: tuple) -> bool:
+    """Whether a split weight's K ranges are summed in one program with these tiles: the plain tiles
+    (prefill: its many row tiles fill the GPU) whose two accumulators fit in registers; the swapped
+    (decode) tiles give each range a program of its own, to fill the SMs."""
+    block_m, block_n, _, num_warps, _, swapped = tiles[:6]
+    return not swapped and block_m * block_n // (32 * num_warps) <= IN_PROGRAM_ACC_REGS
+
+
 def launch(
-    x: Tensor, w: Tensor, scale: Tensor, out: Tensor, quantize: bool, tiles: tuple, splits: int
-) -> None:
+    x: Tensor, w: Tensor, scale: Tensor, out: Tensor, quantize: bool, tiles: tuple, splits: int,
+    in_program: bool | None = None,
+) -> None:  # fmt: skip
     """x [M, G, K] (unit stride along K), w [G*N, K] E4M3 with its UE8M0 scale bytes, out [M, G, N]
     contiguous; quantize: the op's FP8-g32 activation codec; tiles (BLOCK_M, BLOCK_N, BLOCK_K, warps,
     stages, swapped). Swapped tiles dequantize the weight in registers; the others prepare both operands
-    in bf16 first (same values, same dots: the same bits)."""
+    in bf16 first (same values, same dots: the same bits). in_program: the K ranges of a split summed in
+    one program (default: for the plain tiles) or by a program each (the bits are the same)."""
     from dsgraph.platform.cuda.kernels.linear_tl import split_buffers
 
     m_size, groups, k_size = x.shape
@@ -235,13 +272,16 @@ def launch(
     mode = x_mode(x)
     if not swapped:
         w = dequant_weight(w, scale)
-    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
-    part, counts = split_buffers(out, splits, grid)
+    if in_program is None:
+        in_program = sums_in_program(tiles)
+    programs = 1 if in_program else splits  # per group along the grid's third axis
+    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * programs)
+    part, counts = split_buffers(out, programs, grid)
     gemm_kernel[grid](
         x, w, scale, out, part, counts, m_size, n_size, x.stride(0), x.stride(1), out.stride(0),
         out.stride(1), out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits,
         W_FP8=bool(swapped), X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda,
         EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        WIDE=bool(swapped and wide and mode != X_SPLIT),
+        WIDE=bool(swapped and wide and mode != X_SPLIT), IN_PROGRAM=in_program,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
