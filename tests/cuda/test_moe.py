@@ -333,10 +333,15 @@ def test_swiglu_is_bit_equal(out_dtype: str, in_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
     g = (torch.randn(3, 1500, generator=gen) * 6).to(in_dtype)
     v = (torch.randn(3, 1500, generator=gen) * 6).to(in_dtype)
+    # NaN and infinities in either input: the clamps keep a NaN (a GPU min or max would drop it)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    g[0, :3], v[1, :3], g[2, :3], v[2, 3:6] = special, special, special, special.flip(0)
     p = SimpleNamespace(limit=7.0, out_dtype=out_dtype)
     got = cuda_moe.swiglu(p, *_dev((g, v))).cpu()
     ref = rules_moe.swiglu(p, g, v)
-    assert got.dtype == ref.dtype and torch.equal(got, ref)
+    assert ref.isnan().any()
+    assert got.dtype == ref.dtype and torch.equal(got.isnan(), ref.isnan())
+    torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
 
 
 def test_fp4_dequantization_layout_matches_cpu() -> None:
@@ -594,3 +599,5 @@ def test_asm_upcast_has_the_dequantization_bits_on_every_layout(layout: tuple[in
         want = MOE_EXPERTS(p, *args, swap=((1 << 62, ref, ref),))
         assert got.isfinite().any(), "the case must test finite values too"
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        # a NaN scale byte makes its rows NaN as in the cpu rule (the SwiGLU's clamps keep NaN)
+        assert torch.equal(got.isnan().cpu(), rules_moe.moe_experts(p, x, ids, weights, *case).isnan())

@@ -167,6 +167,20 @@ def _k_range(acc, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, k_lo, s_stride, 
 
 
 @triton.jit
+def _add_sums(total, part, EMU_F32: tl.constexpr) -> tl.tensor:
+    """total + part, one FP32 add. On the GPU an instruction of its own: a range of one dot step has no
+    loop left, and Triton folds add(dot(a, b, 0), c) into dot(a, b, c), which would sum in another
+    order (the test of a 256-column range at BLOCK_K 256 showed it)."""
+    if EMU_F32:
+        return total + part
+    operands = [total.to(tl.int32, bitcast=True), part.to(tl.int32, bitcast=True)]
+    bits = tl.inline_asm_elementwise(
+        "add.rn.f32 $0, $1, $2;", "=r,r,r", operands, dtype=tl.int32, is_pure=True, pack=1
+    )
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def gemm_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
     out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
@@ -204,9 +218,10 @@ def gemm_kernel(
     if IN_PROGRAM:
         # the first range's sum is the total as it is (no add of a zero, which could turn -0 into +0)
         for s in range(1, SPLITS):
-            acc += _k_range(zeros, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, s * K_SPLIT, s_stride,
+            part = _k_range(zeros, x_base, w_ptr, s_ptr, w_rows, m_mask, n_mask, s * K_SPLIT, s_stride,
                             K_SIZE, K_SPLIT, W_FP8, X_MODE, SWAPPED, EMU_F32, EVEN_K, BLOCK_N, BLOCK_K,
                             WIDE)  # fmt: skip
+            acc = _add_sums(acc, part, EMU_F32)
     if SWAPPED:
         acc = tl.trans(acc)
     offs = g * out_stride_g + rows[:, None] * out_stride_m + n[None, :]

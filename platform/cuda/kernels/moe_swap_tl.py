@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_quantize, round_f32_to, silu_f32
+from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_quantize, round_f32_to, swiglu_f32
 
 
 @triton.jit
@@ -216,8 +216,7 @@ def _gated(g, acc_v, route, limit, GEMM_DTYPE: tl.constexpr, QDQ_OUT: tl.constex
            BLOCK_T: tl.constexpr):  # fmt: skip
     """The gated epilogue: w1 output g (rounded to gemm_out) and w3 accumulator -> the clamped SwiGLU
     times the routing weight, FP8-g32 qdq'd along the weight rows when QDQ_OUT (the w2 input)."""
-    v = tl.minimum(tl.maximum(round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32), -limit), limit)
-    out = silu_f32(tl.minimum(g, limit)) * v * route[None, :]
+    out = swiglu_f32(g, round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32), limit) * route[None, :]
     if QDQ_OUT:
         out = _qdq_columns(out, BLOCK_W, BLOCK_T)
     return out

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dsgraph.platform.cuda.kernels.linear_tl import chunk_dot
-from dsgraph.platform.cuda.kernels.quant_tl import e2m1_to_e4m3, e8m0_to_f32, round_f32_to, silu_f32
+from dsgraph.platform.cuda.kernels.quant_tl import e2m1_to_e4m3, e8m0_to_f32, round_f32_to, swiglu_f32
 
 # gemm_out_dtype -> the dtype the expert GEMM outputs are rounded to
 GEMM_DTYPES = {"f32": tl.float32, "bf16": tl.bfloat16, "f16": tl.float16}
@@ -110,11 +110,9 @@ def expert_gemm_kernel(
         # gemm_out_dtype: each expert GEMM's output is rounded to it (DeepInfer writes BF16).
         out = round_f32_to(acc, GEMM_DTYPE).to(tl.float32)
         if GATED:
-            g = tl.minimum(out, limit)
             v = round_f32_to(acc_v, GEMM_DTYPE).to(tl.float32)
-            v = tl.minimum(tl.maximum(v, -limit), limit)
             route = tl.load(route_ptr + rows, mask=row_mask, other=0.0)
-            out = silu_f32(g) * v * route[:, None]
+            out = swiglu_f32(out, v, limit) * route[:, None]
         mask = row_mask[:, None] & n_mask[None, :]
         out_ptrs = out_ptr + rows[:, None].to(tl.int64) * N_SIZE + n[None, :]
         tl.store(out_ptrs, round_f32_to(out, out_ptr.dtype.element_ty), mask=mask)
@@ -127,7 +125,7 @@ def swiglu_kernel(g_ptr, v_ptr, out_ptr, size, limit, BLOCK: tl.constexpr) -> No
     mask = offs < size
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    act = silu_f32(tl.minimum(g, limit)) * tl.minimum(tl.maximum(v, -limit), limit)
+    act = swiglu_f32(g, v, limit)
     tl.store(out_ptr + offs, round_f32_to(act, out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -112,3 +112,12 @@ def round_f32_to(x: tl.tensor, dtype: tl.constexpr) -> tl.tensor:
 def silu_f32(x: tl.tensor) -> tl.tensor:
     xd = x.to(tl.float64)
     return (xd / (1.0 + tl.exp(-xd))).to(tl.float32)
+
+
+@triton.jit
+def swiglu_f32(g, v, limit) -> tl.tensor:
+    """silu(min(g, limit)) * clamp(v, -limit, limit) in f32, NaN kept as torch.clamp keeps it
+    (platform/cpu/rules_moe.swiglu_f32): the GPU's min and max return the other operand for a NaN."""
+    nan: tl.constexpr = tl.PropagateNan.ALL
+    v = tl.minimum(tl.maximum(v, -limit, propagate_nan=nan), limit, propagate_nan=nan)
+    return silu_f32(tl.minimum(g, limit, propagate_nan=nan)) * v
