@@ -199,6 +199,27 @@ def test_activation_quantization_is_bit_exact() -> None:
     assert torch.equal(s.cpu(), want_s)
 
 
+def test_activation_quantization_of_non_finite_groups_is_the_cpu_codecs() -> None:
+    """A group holding a NaN or an infinity gets the cpu codec's scale (-0 or +inf) and bytes (NaN, +-448
+    and zeros as its division gives them): the GPU's max and min would drop the NaN, and the scale's
+    reciprocal from its exponent bits is not 1 / scale there."""
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(6, 32, generator=gen) * 3
+    x[0, 4] = float("nan")
+    x[1, 0], x[1, 9] = float("nan"), 0.0
+    x[2, 31] = float("inf")
+    x[3, 7], x[3, 8] = -float("inf"), -0.0
+    x[4, :] = float("nan")
+    x[5, 2], x[5, 3] = float("inf"), float("nan")
+    q, s = _quantize_kernel(x.to(DEVICE))
+    want_q, want_s = fp8_g32_quantize(x)
+    assert want_q.float().isnan().any() and want_s.isinf().any() and (want_s == 0).any()
+    assert torch.equal(s.cpu().view(torch.int32), want_s.view(torch.int32))
+    got, want = q.cpu().float(), want_q.float()
+    assert torch.equal(got.isnan(), want.isnan())  # a NaN's sign bit is the platform's
+    assert torch.equal(got[~got.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))
+
+
 def test_linear_reads_no_scale_past_k() -> None:
     """With BLOCK_K 128 and K = 96 the last K step has an empty 32-column chunk: its scale byte (past the
     last scale row) must not be read. Here that byte is 255, UE8M0's NaN, which 0 * NaN would spread."""

@@ -39,7 +39,7 @@ def e8m0_to_f32(e: tl.tensor) -> tl.tensor:
 def pow2_scale(amax: tl.tensor, floor: tl.constexpr, inv_qmax: tl.constexpr) -> tuple[tl.tensor, tl.tensor]:
     """(scale, 1 / scale) in FP32; `inv_qmax` is fl32(1/qmax) as the caller spells it (a Python float
     that Triton rounds to FP32 once, as torch does with its FP32 tensor)."""
-    t = tl.maximum(amax, floor) * inv_qmax
+    t = tl.maximum(amax, floor, propagate_nan=tl.PropagateNan.ALL) * inv_qmax
     bits = t.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
     scale = (exponent << 23).to(tl.float32, bitcast=True)
@@ -50,7 +50,7 @@ def pow2_scale(amax: tl.tensor, floor: tl.constexpr, inv_qmax: tl.constexpr) -> 
 @triton.jit
 def e4m3_grid(v: tl.tensor) -> tl.tensor:
     """FP32 -> the E4M3 value nearest to it (ties to even, clamped to +-448), as FP32 with v's sign bit."""
-    a = tl.minimum(tl.abs(v), 448.0)
+    a = tl.minimum(tl.abs(v), 448.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN (torch.clamp)
     bits = a.to(tl.int32, bitcast=True)
     # Normal E4M3 (|v| >= 2^-6): keep 3 mantissa bits; adding 0x7FFFF plus the kept lsb rounds to nearest
     # even, and a carry out of the mantissa moves into the exponent as it should.
@@ -65,11 +65,30 @@ def e4m3_grid(v: tl.tensor) -> tl.tensor:
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def amax_rows(x: tl.tensor) -> tl.tensor:
+    """max |x| along axis 1, NaN when a row holds one (torch.amax; the GPU's max drops a NaN)."""
+    return tl.reduce(tl.abs(x), 1, _max_nan)
+
+
+@triton.jit
 def fp8_g32_quantize(x: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
-    """x [BM, 32] FP32 (one group per row) -> (E4M3 [BM, 32], FP32 power-of-two scales [BM])."""
-    amax = tl.max(tl.abs(x), axis=1)
-    scale, inverse = pow2_scale(amax, 1e-4, 0.002232142857142857)
-    q = e4m3_grid(x * inverse[:, None]).to(tl.float8e4nv)
+    """x [BM, 32] FP32 (one group per row) -> (E4M3 [BM, 32], FP32 power-of-two scales [BM]), as the cpu
+    codec (quant.fp8_g32_quantize) for every input. The cpu codec divides by the scale; multiplying by
+    the scale's IEEE reciprocal gives the same values, also for the scales of non-finite groups (pow2_scale's
+    bits: -0 for a group holding a NaN, +inf for one holding an infinity), whose reciprocals are -inf and
+    +0 (pow2_scale's exponent arithmetic gives others there)."""
+    scale, inverse = pow2_scale(amax_rows(x), 1e-4, 0.002232142857142857)
+    inverse = tl.where(scale == 0.0, -float("inf"), tl.where(scale == float("inf"), 0.0, inverse))
+    r = e4m3_grid(x * inverse[:, None])
+    # a NaN as E4M3's NaN byte (Triton's interpreter converts a NaN to 384; the sign of a NaN is the
+    # platform's, torch's x86 division gives -NaN, so only NaN-ness is compared)
+    nan = tl.full(r.shape, 0x7F, tl.uint8).to(tl.float8e4nv, bitcast=True)
+    q = tl.where(r != r, nan, r.to(tl.float8e4nv))
     return q, scale
 
 
