@@ -483,7 +483,10 @@ def in_program_ab(args: argparse.Namespace) -> int:
     rows = [sweep_in_program(s, m, cal) for s in split for m in ms]
     for r in rows:
         print(json.dumps(r), flush=True)
-    result = {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    from dsgraph.tools.bench.meta import commit
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    result = {"gpu": torch.cuda.get_device_name(), "commit": commit(), "date": when,
               "calibration": cal.as_dict(), "rows": rows}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "linear_in_program.json").write_text(json.dumps(result, indent=1))
