@@ -65,6 +65,46 @@ def test_cache_encode_is_bit_equal(fmt: str) -> None:
     compare_rules("cache_encode", QdqParams(fmt=fmt), [_values(5, 64, seed=3)])
 
 
+def _non_finite_groups() -> torch.Tensor:
+    """Rows of 64 (two FP8-g32 groups) holding NaN, +-inf, both, and zeros beside them."""
+    x = _values(4, 64, seed=7)
+    x[0, 3], x[0, 40] = float("nan"), 0.0
+    x[1, 33] = float("inf")
+    x[2, 0], x[2, 1], x[2, 2] = -float("inf"), -0.0, float("nan")
+    x[3, 32:] = float("nan")
+    return x
+
+
+def _same_up_to_nan_sign(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The same values bit for bit (-0 apart from +0), where a NaN only has to be a NaN: its sign bit is
+    the platform's (x86 division makes -NaN)."""
+    got, want = got.cpu().float(), want.cpu().float()
+    assert torch.equal(got.isnan(), want.isnan())
+    keep = ~want.isnan()
+    assert torch.equal(got[keep].view(torch.int32), want[keep].view(torch.int32))
+
+
+def test_fp8_g32_of_non_finite_groups_is_the_cpu_codecs() -> None:
+    """act_qdq and cache_encode in FP8-g32 run quant_tl's codec: a group holding a NaN or an infinity
+    comes out as the cpu codec's (NaN, zeros and +-448 times its -0 or +inf scale), not finite."""
+    from dsgraph.platform.cpu.target import PLATFORM as CPU
+
+    x = _non_finite_groups()
+    (dev,) = on_device([x])
+    act = ActQdqParams(fmt="fp8_g32", out_dtype="same")
+    want = CPU.rules["act_qdq"](act, x)
+    assert want.isnan().any() and want.isfinite().any()
+    _same_up_to_nan_sign(quant_act.act_qdq(act, dev), want)
+    enc = QdqParams(fmt="fp8_g32")
+    got_entries, want_entries = quant_act.cache_encode(enc, dev).cpu(), CPU.rules["cache_encode"](enc, x)
+    fp8 = torch.float8_e4m3fn
+    _same_up_to_nan_sign(
+        got_entries[:, :64].contiguous().view(fp8), want_entries[:, :64].contiguous().view(fp8)
+    )
+    assert torch.equal(got_entries[:, 64:], want_entries[:, 64:])  # the scale bytes, 0 and 255 included
+    assert {0, 255} <= set(want_entries[:, 64:].flatten().tolist())
+
+
 def test_rows_are_batch_invariant() -> None:
     (x,) = on_device([_values(5, 64, seed=4)])
     for fmt in FORMATS:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_quantize, round_f32_to, swiglu_f32
+from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_grid, round_f32_to, swiglu_f32
 
 
 @triton.jit
@@ -191,8 +191,8 @@ def _qdq_columns(act, BLOCK_W: tl.constexpr, BLOCK_T: tl.constexpr):
     """act [BLOCK_W, BLOCK_T] FP32, each column one row's BLOCK_W consecutive values: FP8-g32 qdq along
     BLOCK_W (the cpu rule's fp8_g32_qdq of the w2 input), as FP32."""
     groups = tl.reshape(tl.trans(act), (BLOCK_T * (BLOCK_W // 32), 32))
-    q, scale = fp8_g32_quantize(groups)
-    return tl.trans(tl.reshape(q.to(tl.float32) * scale[:, None], (BLOCK_T, BLOCK_W)))
+    values, scale = fp8_g32_grid(groups)
+    return tl.trans(tl.reshape(values * scale[:, None], (BLOCK_T, BLOCK_W)))
 
 
 @triton.jit
@@ -342,8 +342,8 @@ def qdq_rows_kernel(x_ptr, out_ptr, num_rows, width, BLOCK_R: tl.constexpr) -> N
     cols = tl.program_id(1) * 32 + tl.arange(0, 32)
     mask = rows[:, None] < num_rows
     x = tl.load(x_ptr + rows[:, None] * width + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    q, scale = fp8_g32_quantize(x)
-    out = q.to(tl.float32) * scale[:, None]
+    values, scale = fp8_g32_grid(x)
+    out = values * scale[:, None]
     tl.store(
         out_ptr + rows[:, None] * width + cols[None, :],
         round_f32_to(out, out_ptr.dtype.element_ty),

@@ -2,8 +2,9 @@
 platform/cpu/quant.py and cache_format.py.
 
 FMT (constexpr): 0 fp8_g32, 1 mxfp4_g32, 2 nvfp4_g16 (divide), 3 nvfp4_g16_recip (reciprocal). A program
-handles BLOCK_G groups of one row. Power-of-two scales come from quant_tl.pow2_scale (division by them is
-the exact multiply by their reciprocal); NVFP4's E4M3 scale from quant_tl.e4m3_grid, its divide and
+handles BLOCK_G groups of one row. FP8-g32 is quant_tl.fp8_g32_quantize, the codec every kernel shares.
+Power-of-two scales come from quant_tl.pow2_scale (division by them is the exact multiply by their
+reciprocal); NVFP4's E4M3 scale from quant_tl.e4m3_grid, its divide and
 reciprocal with div_rn (IEEE, as torch). E2M1 codes: clamp to 6, count the midpoints strictly below,
 an exact midpoint goes to the even code, sign bit 3 (quant.e2m1_codes). Encoding packs even columns in
 the low nibble, so the FP4 kernels load even and odd columns as two tiles.
@@ -16,7 +17,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dsgraph.platform.cuda.kernels.quant_tl import e4m3_grid, pow2_scale, round_f32_to
+from dsgraph.platform.cuda.kernels.quant_tl import (
+    e4m3_grid,
+    fp8_g32_grid,
+    fp8_g32_quantize,
+    pow2_scale,
+    round_f32_to,
+)
 
 
 @triton.jit
@@ -44,10 +51,9 @@ def _e2m1_value(code: tl.tensor) -> tl.tensor:
 
 @triton.jit
 def _group_scale(amax: tl.tensor, FMT: tl.constexpr) -> tuple[tl.tensor, tl.tensor]:
-    """(scale, the factor values are multiplied by) per group; for FMT 2 the factor is unused (divide)."""
-    if FMT == 0:
-        scale, factor = pow2_scale(amax, 1e-4, 0.002232142857142857)
-    elif FMT == 1:
+    """(scale, the factor values are multiplied by) per FP4 group (FMT 1-3); for FMT 2 the factor is unused
+    (divide)."""
+    if FMT == 1:
         scale, factor = pow2_scale(amax, 6 * 2.0**-126, 0.16666666666666666)
     elif FMT == 2:
         scale = e4m3_grid(tl.math.div_rn(tl.maximum(amax, 6 * 2.0**-9), tl.full(amax.shape, 6.0, tl.float32)))
@@ -78,12 +84,11 @@ def qdq_kernel(
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = g[:, None] < D // GROUP
     x = tl.load(x_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
-    scale, factor = _group_scale(tl.max(tl.abs(x), axis=1), FMT)
-    v = _normalize(x, scale, factor, FMT)
-    if FMT == 0:
-        values = e4m3_grid(v)
+    if FMT == 0:  # the one FP8-g32 codec (non-finite groups as the cpu codec's too)
+        values, scale = fp8_g32_grid(x)
     else:
-        values = _e2m1_value(_e2m1_code(v))
+        scale, factor = _group_scale(tl.max(tl.abs(x), axis=1), FMT)
+        values = _e2m1_value(_e2m1_code(_normalize(x, scale, factor, FMT)))
     tl.store(out_ptr + row + cols, round_f32_to(values * scale[:, None], OUT), mask=mask)
 
 
@@ -99,9 +104,8 @@ def encode_kernel(
     if FMT == 0:
         cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         x = tl.load(x_ptr + row * D + cols, mask=inside[:, None], other=0.0).to(tl.float32)
-        scale, factor = _group_scale(tl.max(tl.abs(x), axis=1), FMT)
-        q = e4m3_grid(x * factor[:, None]).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        tl.store(out_ptr + row * ENTRY + cols, q, mask=inside[:, None])
+        q, scale = fp8_g32_quantize(x)
+        tl.store(out_ptr + row * ENTRY + cols, q.to(tl.uint8, bitcast=True), mask=inside[:, None])
         byte = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
         tl.store(out_ptr + row * ENTRY + D + g, byte, mask=inside)
     else:

@@ -76,20 +76,26 @@ def amax_rows(x: tl.tensor) -> tl.tensor:
 
 
 @triton.jit
-def fp8_g32_quantize(x: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
-    """x [BM, 32] FP32 (one group per row) -> (E4M3 [BM, 32], FP32 power-of-two scales [BM]), as the cpu
-    codec (quant.fp8_g32_quantize) for every input. The cpu codec divides by the scale; multiplying by
-    the scale's IEEE reciprocal gives the same values, also for the scales of non-finite groups (pow2_scale's
-    bits: -0 for a group holding a NaN, +inf for one holding an infinity), whose reciprocals are -inf and
-    +0 (pow2_scale's exponent arithmetic gives others there)."""
+def fp8_g32_grid(x: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
+    """x [BM, 32] FP32 (one group per row) -> (the E4M3 values as FP32 [BM, 32], FP32 power-of-two scales
+    [BM]), as the cpu codec (quant.fp8_g32_quantize) for every input. The cpu codec divides by the scale;
+    multiplying by the scale's IEEE reciprocal gives the same values, also for the scales of non-finite
+    groups (pow2_scale's bits: -0 for a group holding a NaN, +inf for one holding an infinity), whose
+    reciprocals are -inf and +0 (pow2_scale's exponent arithmetic gives others there). A qdq multiplies
+    these values by the scale; they are exact E4M3 values, NaN where the codec gives NaN."""
     scale, inverse = pow2_scale(amax_rows(x), 1e-4, 0.002232142857142857)
     inverse = tl.where(scale == 0.0, -float("inf"), tl.where(scale == float("inf"), 0.0, inverse))
-    r = e4m3_grid(x * inverse[:, None])
-    # a NaN as E4M3's NaN byte (Triton's interpreter converts a NaN to 384; the sign of a NaN is the
-    # platform's, torch's x86 division gives -NaN, so only NaN-ness is compared)
+    return e4m3_grid(x * inverse[:, None]), scale
+
+
+@triton.jit
+def fp8_g32_quantize(x: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
+    """x [BM, 32] FP32 -> (E4M3 [BM, 32], FP32 power-of-two scales [BM]): fp8_g32_grid's values stored.
+    A NaN is written as E4M3's NaN byte (Triton's interpreter converts a NaN to 384; the sign of a NaN is
+    the platform's, torch's x86 division gives -NaN, so tests compare NaN-ness only)."""
+    r, scale = fp8_g32_grid(x)
     nan = tl.full(r.shape, 0x7F, tl.uint8).to(tl.float8e4nv, bitcast=True)
-    q = tl.where(r != r, nan, r.to(tl.float8e4nv))
-    return q, scale
+    return tl.where(r != r, nan, r.to(tl.float8e4nv)), scale
 
 
 @triton.jit
