@@ -342,26 +342,33 @@ def test_k_splits_depend_on_the_weight_shape_only() -> None:
         assert (k // splits) % cuda_linear.SPLIT_ALIGN == 0 or splits == 1
 
 
-@pytest.mark.parametrize(
-    "case", [CASES[0], CASES[4], CASES[6]], ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[3]}"
-)
-def test_split_k_matches_the_cpu_rule_and_keeps_rows_batch_invariant(
-    case: tuple, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """K = 1024 cut into 4 ranges of 256 (the split constants scaled down to the tiny shapes; 256 is the
-    largest BLOCK_K of the tile table): the result stays within the cpu rule's tolerance, and each row has
-    the same bits alone and in batches that pick other tiles (1, 7, 70 rows)."""
+def _split_case(case: tuple, rows: int, seed: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """(params, x [rows, 1024], weight) of a linear whose K = 1024 is cut into 4 ranges of 256 (the split
+    constants scaled down to the tiny shapes; 256 is the largest BLOCK_K of the tile table), checked
+    against the cpu rule's tolerance."""
     monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 256)
     monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 256)
     monkeypatch.setattr(cuda_linear, "SPLIT_TARGET", 1 << 30)
     weight_format, act_quant, x_dtype, out_dtype = case
     n, k = 96, 1024
     assert cuda_linear.k_splits(1, n, k) == 4
-    gen = torch.Generator().manual_seed(17)
+    gen = torch.Generator().manual_seed(seed)
     p = _params(weight_format, act_quant, out_dtype)
-    x = (torch.randn(70, k, generator=gen) * 3).to(x_dtype)
+    x = (torch.randn(rows, k, generator=gen) * 3).to(x_dtype)
     w = _weight(weight_format, n, k, x_dtype, gen)
     _compare_linear(p, x, w)
+    return p, x, w
+
+
+@pytest.mark.parametrize(
+    "case", [CASES[0], CASES[4], CASES[6]], ids=lambda c: f"{c[0]}-{c[1]}-{str(c[2])[6:]}-{c[3]}"
+)
+def test_split_k_matches_the_cpu_rule_and_keeps_rows_batch_invariant(
+    case: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K in 4 ranges (_split_case): each row has the same bits alone and in batches that pick other
+    tiles (1, 7, 70 rows)."""
+    p, x, w = _split_case(case, 70, 17, monkeypatch)
     device_w = tuple(t.to(DEVICE) for t in w)
     full = cuda_linear.linear(p, x.to(DEVICE), *device_w)
     for size in (1, 7):
@@ -387,17 +394,8 @@ def test_split_k_in_one_program_has_the_bits_of_a_program_per_range(
     the plain tiles' rows also have the swapped tiles' bits (the same tensor-core steps)."""
     from dsgraph.platform.cuda.kernels import linear_bf16_tl
 
-    monkeypatch.setattr(cuda_linear, "SPLIT_ALIGN", 256)
-    monkeypatch.setattr(cuda_linear, "MIN_SPLIT", 256)
-    monkeypatch.setattr(cuda_linear, "SPLIT_TARGET", 1 << 30)
-    weight_format, act_quant, x_dtype, out_dtype = case
-    n, k = 96, 1024
-    assert cuda_linear.k_splits(1, n, k) == 4
-    gen = torch.Generator().manual_seed(29)
-    p = _params(weight_format, act_quant, out_dtype)
-    x = (torch.randn(20, k, generator=gen) * 3).to(x_dtype)
-    w = _weight(weight_format, n, k, x_dtype, gen)
-    _compare_linear(p, x, w)
+    p, x, w = _split_case(case, 20, 29, monkeypatch)
+    act_quant, out_dtype, (n, k) = case[1], case[3], w[0].shape
     x3, (w8, scale) = x.reshape(20, 1, k).to(DEVICE), (t.to(DEVICE) for t in w)
     tiles = cuda_linear.tiles_for(1) if swapped else cuda_linear.TILE_TABLE[-1][1]
     assert tiles.swapped == swapped
