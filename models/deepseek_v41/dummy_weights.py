@@ -20,6 +20,7 @@ from dsgraph.models.deepseek_v41.config import ModelConfig
 from dsgraph.models.deepseek_v41.tiny import quantize_tensor, sample_weight
 from dsgraph.models.deepseek_v41.weights import prepare_weights
 from dsgraph.models.interface import Numerics
+from dsgraph.platform.cpu.quant import fp8_rows_quantize
 from dsgraph.platform.registry import host_table_min_bytes, pin_host
 
 _EXPERT = re.compile(r"((?:layers|mtp)\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight")
@@ -34,7 +35,31 @@ def _plain_dtype(name: str, spec: TensorSpec) -> torch.dtype:
     return torch.bfloat16 if name == "head.weight" else torch_dtype(spec.dtype)
 
 
+# FP32 values sampled at once at most. A larger FP8-rows tensor (the bench model's Engram table: 24M rows
+# x 256, 23 GiB as FP32) is sampled and quantized a block of rows at a time, so its generation needs its
+# stored bytes and one block on the device, not several FP32 copies of it (which no 80 GB GPU holds).
+SAMPLE_ELEMENTS = 1 << 28
+
+
+def _stored_rows(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Stored:
+    """An FP8-rows tensor sampled and quantized a block of rows at a time: the codec quantizes each row
+    on its own, so every block is the codec's encoding of its sampled rows (one block when the tensor is
+    at most SAMPLE_ELEMENTS: then exactly the unblocked result; on the CPU the blocks draw the values of
+    one call, on a GPU torch's generator offsets make them other draws of the same distribution)."""
+    rows, cols = shape
+    step = max(1, SAMPLE_ELEMENTS // cols)
+    values = torch.empty(shape, dtype=torch.float8_e4m3fn, device=gen.device)
+    scales = torch.empty((rows, cols // 32), dtype=torch.float8_e8m0fnu, device=gen.device)
+    for start in range(0, rows, step):
+        q, s = fp8_rows_quantize(sample_weight(name, (min(step, rows - start), cols), gen))
+        values[start : start + q.shape[0]] = q
+        scales[start : start + q.shape[0]] = s
+    return values, scales
+
+
 def _stored(cfg: ModelConfig, name: str, spec: TensorSpec, gen: torch.Generator) -> Stored:
+    if spec.kind is TensorKind.FP8_ROWS:
+        return _stored_rows(name, spec.logical_shape, gen)
     w = sample_weight(name, spec.logical_shape, gen)
     if spec.kind is TensorKind.PLAIN:
         return w.to(_plain_dtype(name, spec)), None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from dsgraph.models.deepseek_v41.checkpoint_io import load_checkpoint
@@ -45,6 +46,34 @@ def test_random_weights_match_the_loaded_layout(tmp_path: Path) -> None:
     got = random_serving_weights(cfg, token_map, seed=3, device="cpu")
     assert {k: (tuple(v.shape), v.dtype) for k, v in got.items()} == want
     assert torch.equal(got["engram.token_map"], loaded["engram.token_map"])
+
+
+def test_a_large_fp8_rows_table_is_sampled_a_block_of_rows_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench model's Engram table (23 GiB as FP32) is generated in blocks of rows: one block gives the
+    unblocked result exactly; several give each block the FP8-rows codec's encoding of the next draws of
+    the generator (blocks of 300 rows: 300, 300, 300, 100; on the CPU the same values as one draw, on a
+    GPU other ones), with the sampled distribution."""
+    from dsgraph.models.deepseek_v41 import dummy_weights
+    from dsgraph.models.deepseek_v41.tiny import sample_weight
+    from dsgraph.platform.cpu.quant import fp8_rows_dequantize, fp8_rows_quantize
+
+    name, shape = "layers.1.engram.embed.weight", (1000, 64)
+
+    def run(elements: int) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(dummy_weights, "SAMPLE_ELEMENTS", elements)
+        return dummy_weights._stored_rows(name, shape, torch.Generator().manual_seed(4))
+
+    def draws(blocks: list[int]) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(4)
+        parts = [fp8_rows_quantize(sample_weight(name, (rows, 64), gen)) for rows in blocks]
+        return [torch.cat([part[i] for part in parts]).view(torch.uint8) for i in (0, 1)]
+
+    for blocks, elements in (([1000], 1 << 20), ([300, 300, 300, 100], 64 * 300)):
+        got = run(elements)
+        for have, want in zip(got, draws(blocks), strict=True):
+            assert torch.equal(have.view(torch.uint8), want)
+    std = fp8_rows_dequantize(*got).std().item()
+    assert 0.95 < std < 1.05  # embeddings are N(0, 1)
 
 
 def test_bench_steps_run_on_the_tiny_model(tmp_path: Path) -> None:
