@@ -311,6 +311,7 @@ def _moe_swap(variants: list[Any]) -> None:
                 )
                 meta |= dict(BLOCK_W=t.block_w, BLOCK_T=t.block_t, BLOCK_K=t.block_k)
                 meta |= dict(EVEN=n % t.block_w == 0 and k % t.block_k == 0, SCALED=t.scaled, ASM=t.asm)
+                meta["TOKENS"] = t.tokens
                 for one in (False, True) if t.asm else (False,):  # the asm upcast's two forms
                     print(f"swap {'gated' if gated else 'down'} {t}{' one' if one else ''}", flush=True)
                     _without_spills(

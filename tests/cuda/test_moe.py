@@ -42,7 +42,12 @@ from tests.cuda.bounds import moe_magnitude  # noqa: E402
 from tests.cuda.kernel_env import DEVICE, ON_GPU  # noqa: E402
 
 # kernel path -> the rule's `swap` argument
-VARIANTS: dict[str, cuda_moe.SwapBuckets | None] = {"base": None, "swap": cuda_moe.SWAP_BUCKETS}
+_T = cuda_moe.SwapTiles
+# the sorted rows on the dot's M side (SwapTiles.tokens), both GEMMs, every step size
+_TOKENS = ((1 << 62, _T(64, 64, 64, 4, 3, tokens=True), _T(128, 128, 64, 8, 3, tokens=True)),)
+VARIANTS: dict[str, cuda_moe.SwapBuckets | None] = {
+    "base": None, "swap": cuda_moe.SWAP_BUCKETS, "tokens": _TOKENS
+}  # fmt: skip
 # the rule itself: a test runs a path by replacing cuda_moe.moe_experts with it bound to that path
 MOE_EXPERTS = cuda_moe.moe_experts
 
@@ -549,11 +554,27 @@ def test_plan_at_real_widths_on_gpu(rows: int) -> None:
     assert torch.equal(got["tile_end"][:real].long(), (starts + counts)[expert])
 
 
-@pytest.mark.parametrize("tiles", [dict(scaled=True), dict(block_w=32, num_warps=1)])
+@pytest.mark.parametrize("tiles", [dict(scaled=True), dict(tokens=True), dict(block_w=32, num_warps=1)])
 def test_swap_tiles_refuse_an_asm_upcast_they_cannot_run(tiles: dict[str, Any]) -> None:
     given = dict(block_w=64, block_t=16, block_k=64, num_warps=2, num_stages=3, asm=True) | tiles
     with pytest.raises(ValueError, match="moe swap tiles"):
         cuda_moe.SwapTiles(**given)
+
+
+@pytest.mark.gpu
+def test_token_tiles_have_the_prefill_tiles_bits() -> None:
+    """The sorted rows on the dot's M side (SwapTiles.tokens) sum the same exact products in the same K
+    order as the default's prefill tiles: the same bits (a candidate may replace them only then)."""
+    gen = torch.Generator().manual_seed(11)
+    rows, hidden, inter, num_experts, k = 600, 256, 192, 6, 3
+    p = _mxfp4_params(7.0)
+    x = torch.randn(rows, hidden, generator=gen).to(torch.bfloat16)
+    ids, weights = _routing(rows, num_experts, k, gen)
+    ws = _expert_weights("mxfp4_rows", num_experts, hidden, inter, torch.bfloat16, gen)
+    args = _dev((x, ids, weights, *ws))
+    prefill = cuda_moe.SWAP_BUCKETS[-1]
+    want = MOE_EXPERTS(p, *args, swap=((1 << 62, prefill[1], prefill[2]),))
+    assert torch.equal(MOE_EXPERTS(p, *args, swap=_TOKENS), want)
 
 
 def _extreme_scales(ws: tuple[torch.Tensor, ...], gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -1,5 +1,5 @@
 """GPU sweep of candidate swap-AB tile sets for `moe_experts` (moe.SwapTiles) at V4.1's widths:
-`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant|asm|prefill_asm]` makes each
+`python -m dsgraph.tools.bench.moe_tiles --out DIR [--set decode|prefill|dequant|asm|prefill_*]` makes each
 candidate a one-bucket variant (`candidates`), prints for a few row counts whether its output has the
 same bits as "swap"'s (a variant that mixes tile sets across its row buckets keeps rows batch invariant
 only then), and times the candidates with moe_sweep (DIR/moe_sweep.json). The decode set gave the
@@ -13,7 +13,8 @@ implementation of the same BF16 values) at every bucket, the numerics of the ker
 word-wise dequantization.
 The prefill_asm set times the inline-PTX upcast (and the kernel's own dequantization at 128 sorted rows)
 at prefill tiles behind the default's decode bucket, at --rows (4,096 and 16,384), bit for bit against
-the default.
+the default; the prefill_tokens set does the same for tiles with the sorted rows on the dot's M side
+(SwapTiles.tokens: one upcast of a weight tile serves 128-256 rows).
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ PREFILL_ASM = {  # (gated tiles, down tiles): the inline-PTX upcast at prefill t
 }
 
 
+_DOWN_T128 = T(128, 128, 64, 8, 3, tokens=True)  # w2 with 128 pairs per tile on the dot's M side
+PREFILL_TOKENS = {  # (gated tiles, down tiles): the sorted rows on the dot's M side (SwapTiles.tokens)
+    "pt_down_128x128": (SWAP_BUCKETS[-1][1], _DOWN_T128),
+    "pt_down_128x256": (SWAP_BUCKETS[-1][1], T(128, 256, 64, 8, 3, tokens=True)),
+    "pt_both_64x64": (T(64, 64, 64, 4, 3, tokens=True), _DOWN_T128),
+    # spills about 1.4 KB of registers on sm_90 (the gated epilogue's two accumulators): timed anyway
+    "pt_both_128x128": (T(128, 128, 64, 8, 3, tokens=True), _DOWN_T128),
+}
+PREFILL_SETS = {"prefill_asm": PREFILL_ASM, "prefill_tokens": PREFILL_TOKENS}
+
+
 def candidates(which: str) -> dict[str, SwapBuckets]:
     """The set's candidates as variants (name -> swap buckets): one bucket each, or for the dequant set
     the candidate's decode tiles up to 512 rows then the default's prefill bucket, and `scaled_ref`."""
@@ -94,8 +106,8 @@ def candidates(which: str) -> dict[str, SwapBuckets]:
         return table
     if which == "asm":  # decode tiles up to 512 rows, the default's prefill bucket above
         return {name: ((512, t, t), SWAP_BUCKETS[-1]) for name, t in ASM.items()}
-    if which == "prefill_asm":  # the default's decode bucket, the candidate's tiles above it
-        return {name: (SWAP_BUCKETS[0], (_BIG, g, d)) for name, (g, d) in PREFILL_ASM.items()}
+    if which in PREFILL_SETS:  # the default's decode bucket, the candidate's tiles above it
+        return {name: (SWAP_BUCKETS[0], (_BIG, g, d)) for name, (g, d) in PREFILL_SETS[which].items()}
     cases = {name: (t, t) for name, t in DECODE.items()} if which == "decode" else PREFILL
     return {name: ((_BIG, gated, down),) for name, (gated, down) in cases.items()}
 
@@ -114,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
-        "--set", choices=("decode", "prefill", "dequant", "asm", "prefill_asm"), default="decode"
+        "--set", choices=("decode", "prefill", "dequant", "asm", *PREFILL_SETS), default="decode"
     )
-    parser.add_argument("--rows", nargs="*", default=["4096", "16384"], help="prefill_asm: step rows")
+    parser.add_argument("--rows", nargs="*", default=["4096", "16384"], help="prefill_*: step rows")
     args = parser.parse_args(argv)
     table = candidates(args.set)
     if args.set == "dequant":
@@ -127,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.set == "asm":  # a candidate replaces the default's decode tiles only with its bits
         sweep = ["--out", str(args.out), "--rows", "1", "8", "64", "256", "--variants", "swap_ds", *ASM]
         return moe_sweep.main([*sweep, "--same-bits-as", "swap_ds"], extra=table)
-    if args.set == "prefill_asm":  # a candidate replaces the default's prefill tiles only with its bits
-        sweep = ["--out", str(args.out), "--rows", *args.rows, "--variants", "swap_ds", *PREFILL_ASM]
+    if args.set in PREFILL_SETS:  # a candidate replaces the default's prefill tiles only with its bits
+        names = list(PREFILL_SETS[args.set])
+        sweep = ["--out", str(args.out), "--rows", *args.rows, "--variants", "swap_ds", *names]
         return moe_sweep.main([*sweep, "--same-bits-as", "swap_ds"], extra=table)
     same_bits(table, (1, 64, 600, 4096))
     rows = ["1", "8", "64", "256"] if args.set == "decode" else ["4096"]

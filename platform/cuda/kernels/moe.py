@@ -70,10 +70,13 @@ class SwapTiles:
     num_stages: int
     scaled: bool = False  # tl.dot_scaled upcasts the packed weights (moe_swap_tl.py); else _dequantize
     asm: bool = False  # the inline-PTX E2M1 upcast (moe_swap_tl._dequantize_asm) instead
+    # the sorted rows on the dot's M side and the dequantized weights as its shared-memory operand
+    # (moe_swap_tl._token_dots), with the kernel's own dequantization
+    tokens: bool = False
 
     def __post_init__(self) -> None:
-        if self.scaled and self.asm:
-            raise ValueError(f"moe swap tiles {self}: scaled and asm both set, expected one upcast")
+        if self.scaled + self.asm + self.tokens > 1:
+            raise ValueError(f"moe swap tiles {self}: scaled, asm and tokens: expected at most one set")
         # on one warp (32 weight rows) the PTX's bits differed from the dequantization's on the H200
         # (tests/cuda/test_moe.py), cause not found; the layouts of 2 to 8 warps matched
         if self.asm and self.num_warps < 2:
@@ -250,6 +253,7 @@ def _swap_config(p: Any, x: Tensor, tiles: SwapTiles, one: bool) -> dict[str, An
         SCALED=tiles.scaled and x.is_cuda,
         ASM=tiles.asm and x.is_cuda,
         ONE=tiles.asm and x.is_cuda and one,
+        TOKENS=tiles.tokens,
     )
 
 

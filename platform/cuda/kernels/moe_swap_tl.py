@@ -268,6 +268,28 @@ def _prefetched_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, 
 
 
 @triton.jit
+def _token_dots(a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask,
+                K_SIZE: tl.constexpr, GATED: tl.constexpr, WIDE: tl.constexpr, BLOCK_W: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):  # fmt: skip
+    """(W . a^T, V . a^T) as [BLOCK_W, BLOCK_T], computed as a . W^T (TOKENS): the sorted rows on the dot's
+    M side and the dequantized weights as its shared-memory operand, which every warp of the program
+    reads, so one upcast of a weight tile serves BLOCK_T rows (the swap dots' register operand serves
+    its own warpgroup's). The same products summed in the same K order."""
+    acc = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
+    acc_v = tl.zeros((BLOCK_T, BLOCK_W), dtype=tl.float32)
+    for k0 in range(0, K_SIZE, BLOCK_K):
+        a = tl.trans(_load_act(a_ptr, a_rows, row_mask, a_stride, k0, K_SIZE, BLOCK_K, EVEN, WIDE))
+        wb, ws = _load_packed(w_base, s_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, True)
+        w = tl.trans(_dequantize(wb, ws, BLOCK_W, BLOCK_K, WIDE))
+        acc = tl.dot(a, w, acc, input_precision="ieee", out_dtype=tl.float32)
+        if GATED:
+            vb, vs = _load_packed(v_base, vs_base, n, n_mask, k0, K_SIZE, BLOCK_K, EVEN, True)
+            v = tl.trans(_dequantize(vb, vs, BLOCK_W, BLOCK_K, WIDE))
+            acc_v = tl.dot(a, v, acc_v, input_precision="ieee", out_dtype=tl.float32)
+    return tl.trans(acc), tl.trans(acc_v)
+
+
+@triton.jit
 def swap_gemm_kernel(
     a_ptr,
     a_rows_ptr,
@@ -296,6 +318,7 @@ def swap_gemm_kernel(
     SCALED: tl.constexpr = False,
     ASM: tl.constexpr = False,
     ONE: tl.constexpr = False,
+    TOKENS: tl.constexpr = False,
 ) -> None:
     """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
     GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
@@ -315,7 +338,12 @@ def swap_gemm_kernel(
         s_offset = e.to(tl.int64) * N_SIZE * (K_SIZE // 32)
         w_base, s_base = w_ptr + w_offset, s_ptr + s_offset
         v_base, vs_base = v_ptr + w_offset, vs_ptr + s_offset
-        if SCALED or ASM:
+        if TOKENS:
+            acc, acc_v = _token_dots(
+                a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask, K_SIZE,
+                GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN,
+            )  # fmt: skip
+        elif SCALED or ASM:
             acc, acc_v = _streamed_dots(
                 a_ptr, a_rows, row_mask, a_stride, w_base, s_base, v_base, vs_base, n, n_mask, K_SIZE,
                 GATED, WIDE, BLOCK_W, BLOCK_T, BLOCK_K, EVEN, SCALED, ASM, ONE,
