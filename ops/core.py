@@ -110,6 +110,31 @@ cast = declare_op(
 
 
 @params
+class AddF32Params:
+    out_dtype: str
+
+
+def _add_f32_rule(p: AddF32Params, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    a, b = ts
+    R.require_float(a, "a")
+    R.require_float(b, "b")
+    if p.out_dtype not in DTYPE_SIZES:
+        raise ShapeError(f"out_dtype: unknown dtype {p.out_dtype!r}")
+    return (TensorType(R.broadcast_shapes(a.shape, b.shape), p.out_dtype),)
+
+
+add_f32 = declare_op(
+    "add_f32",
+    AddF32Params,
+    _add_f32_rule,
+    "`a [*], b [*]` (any float dtypes) -> `[*] out_dtype`: a and b converted to f32 (exactly), added "
+    "in f32, rounded once to out_dtype: `cast(cast(a, f32) + cast(b, f32), out_dtype)` in one op (the "
+    "MoE's routed sum plus its shared expert).",
+    num_inputs=2,
+)
+
+
+@params
 class ReduceParams:
     axes: tuple[int, ...]
     keepdims: bool = False

@@ -56,7 +56,8 @@ def moe(
     # serving: no BF16 SwiGLU output; the fused swiglu+cast writes w2's FP8 input from f32 (2d, 5b)
     act = op.swiglu(g, v, limit=float(t.swiglu_limit), out_dtype="f32")
     shared = f.linear(act, sp + "w2.weight")  # serving: BF16 down output, added to the routed sum (5b)
-    return f.cast(routed + f.cast(shared, "f32"), f.num.act_dtype)
+    # f32(routed) + f32(shared), rounded once to the activation dtype: cast, add, cast in one op
+    return op.add_f32(routed, shared, out_dtype=f.num.act_dtype)
 
 
 def engram(f: Forward, layer: int, table: EngramLayerHash, x: Tracer) -> Tracer:

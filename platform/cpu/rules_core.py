@@ -51,6 +51,10 @@ def cast(p: Any, x: Tensor) -> Tensor:
     return x.to(to_torch(p.dtype))
 
 
+def add_f32(p: Any, a: Tensor, b: Tensor) -> Tensor:
+    return (a.to(torch.float32) + b.to(torch.float32)).to(to_torch(p.out_dtype))
+
+
 def matmul(_p: Any, a: Tensor, b: Tensor) -> Tensor:
     # Each output on its own: torch.matmul's rounding depends on the batch (platform/cpu/invariant.py).
     return invariant.matmul(a, b).to(a.dtype)
@@ -129,6 +133,7 @@ RULES: dict[str, Any] = {
     "relu": _unary_f32(torch.relu),
     "softplus": _unary_f32(invariant.softplus),
     "cast": cast,
+    "add_f32": add_f32,
     "reduce_sum": _reduce(torch.sum),
     "reduce_max": _reduce(_reduce_max),
     "reduce_mean": _reduce(torch.mean),

@@ -233,6 +233,11 @@ def _fused() -> None:
         shape = dict(D=width, FMT=0, GROUP=32, BLOCK_G=16, OUT=out)
         out_ptr = bf16 if out == tl.bfloat16 else f32
         _without_spills(quant_act_tl.qdq_kernel, {"x_ptr": f32, "out_ptr": out_ptr}, shape)
+    from dsgraph.platform.cuda.kernels import elementwise, elementwise_tl
+
+    # the MoE's routed sum (f32) plus its shared expert (bf16), rounded to bf16
+    add = {"a_ptr": f32, "b_ptr": bf16, "out_ptr": bf16, "size": "i32"}
+    _without_spills(elementwise_tl.add_f32_kernel, add, dict(BLOCK=elementwise.BLOCK))
 
 
 def _moe(every: bool = False) -> None:
