@@ -189,12 +189,16 @@ def _fused() -> None:
     from dsgraph.platform.cuda.kernels import mhc, norm_rope
 
     f32, bf16 = "*fp32", "*bf16"
-    part = {"x_ptr": bf16, "fn_ptr": f32, "part_ptr": f32}
-    tiles = dict(K=4 * 5120, R=24, RP=32, SPLIT=mhc.SPLIT, BLOCK_K=mhc.BLOCK_K)
-    _without_spills(mhc_tl.hc_pre_partial_kernel, part, tiles, mhc.NUM_WARPS)
-    pre = {"part_ptr": f32, "base_ptr": f32, "scale_ptr": f32, "pre_ptr": f32, "post_ptr": f32}
-    pre |= {"comb_ptr": f32, "eps": "fp32", "norm_eps": "fp32"}
-    meta = dict(K=4 * 5120, S=4 * 5120 // mhc.SPLIT, RP=32, N=4, NP=4, ITERS=20)
+    pre = {"x_ptr": bf16, "fn_ptr": f32, "part_ptr": f32, "count_ptr": "*i32", "base_ptr": f32}
+    pre |= {
+        "scale_ptr": f32,
+        "pre_ptr": f32,
+        "post_ptr": f32,
+        "comb_ptr": f32,
+        "eps": "fp32",
+        "norm_eps": "fp32",
+    }
+    meta = dict(K=4 * 5120, R=24, RP=32, SPLIT=mhc.SPLIT, BLOCK_K=mhc.BLOCK_K, N=4, NP=4, ITERS=20)
     _without_spills(mhc_tl.hc_pre_kernel, pre, meta, mhc.NUM_WARPS)
     hc = dict(N=4, BLOCK=mhc.BLOCK_H, OUT=tl.bfloat16)
     collapse = {"x_ptr": bf16, "a_ptr": f32, "out_ptr": bf16, "H": "i32"}

@@ -32,10 +32,12 @@ def test_the_totals_add_up(decode: dict) -> None:
     assert decode["per_layer_mean"] == pytest.approx(inner / 8)
 
 
-def test_each_linear_is_one_launch_split_or_not(decode: dict) -> None:
+def test_split_sums_take_no_launch_of_their_own(decode: dict) -> None:
     """Decode cuts K of the narrow projections into ranges (linear.k_splits: the shared experts' w1/w3,
-    wo_b, ...); the tile's last range adds them, so no linear launches a reduction of its own."""
-    for op in ("linear", "grouped_linear"):
+    wo_b, ...) and hc_pre each row's n*H columns into slices; the last range or slice to finish adds
+    them, so none of these ops launches a reduction of its own; add_f32 is the MoE's cast, add, cast in
+    one launch."""
+    for op in ("linear", "grouped_linear", "hc_pre", "add_f32"):
         row = decode["per_op"][op]
         assert row["launches"] == row["equations"], (op, row)
 

@@ -1,6 +1,6 @@
 """cuda rules of `hc_pre`, `hc_collapse` and `hc_expand` (dsgraph.ops.mhc): Triton kernels (mhc_tl.py;
-two launches for hc_pre, one each for the others) in place of the cpu rules' dozens of small torch
-kernels (hc_pre's 20 Sinkhorn iterations).
+one launch each) in place of the cpu rules' dozens of small torch kernels (hc_pre's 20 Sinkhorn
+iterations).
 
 Numerics against platform/cpu/rules_mhc.py: hc_collapse and hc_expand are bit-equal (products rounded,
 streams summed in order, one cast). hc_pre's projection and sum of squares are f32 dots over n*H values
@@ -54,15 +54,14 @@ def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[
     post = torch.empty((tokens, n), dtype=torch.float32, device=x.device)
     comb = torch.empty((tokens, n, n), dtype=torch.float32, device=x.device)
     if tokens:
+        from dsgraph.platform.cuda.kernels.linear_tl import split_counts
+
         splits, padded = triton_cdiv(width, SPLIT), next_pow2(mixes + 1)
         part = torch.empty((tokens, splits, padded), dtype=torch.float32, device=x.device)
-        K.hc_pre_partial_kernel[(tokens, splits)](
-            x.contiguous(), fn.contiguous(), part, K=width, R=mixes, RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K,
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
-        )  # fmt: skip
-        K.hc_pre_kernel[(tokens,)](
-            part, base.contiguous(), scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps),
-            K=width, S=splits, RP=padded, N=n, NP=next_pow2(n), ITERS=p.sinkhorn_iters,
+        K.hc_pre_kernel[(tokens, splits)](
+            x.contiguous(), fn.contiguous(), part, split_counts(x.device, tokens), base.contiguous(),
+            scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps), K=width, R=mixes,
+            RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K, N=n, NP=next_pow2(n), ITERS=p.sinkhorn_iters,
             num_warps=NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
     return pre, post, comb
@@ -108,7 +107,7 @@ def triton_cdiv(a: int, b: int) -> int:
 RULES: dict[str, Any] = {"hc_pre": hc_pre, "hc_collapse": hc_collapse, "hc_expand": hc_expand}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
 KERNELS: dict[str, tuple[str, ...]] = {
-    "hc_pre": ("mhc_tl.hc_pre_partial_kernel", "mhc_tl.hc_pre_kernel"),
+    "hc_pre": ("mhc_tl.hc_pre_kernel",),
     "hc_collapse": ("mhc_tl.hc_collapse_kernel",),
     "hc_expand": ("mhc_tl.hc_expand_kernel",),
 }

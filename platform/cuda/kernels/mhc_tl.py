@@ -1,9 +1,9 @@
 """Triton kernels of `hc_pre`, `hc_collapse` and `hc_expand` (mhc.py holds the rules).
 
-hc_pre in two launches: `hc_pre_partial_kernel` splits each row's n*H values into fixed SPLIT-column
-slices (many programs even at batch 1, where one program per row would leave a 2 MB fn read to one SM)
-and writes each slice's 2n+n^2 mixing dots and sum of squares; `hc_pre_kernel`, one program per row,
-adds the slices in slice order, then computes the coefficients and all Sinkhorn iterations in registers.
+hc_pre in one launch: `hc_pre_kernel` splits each row's n*H values into fixed SPLIT-column slices (many
+programs even at batch 1, where one program per row would leave a 2 MB fn read to one SM) and writes each
+slice's 2n+n^2 mixing dots and sum of squares; the row's last slice to finish adds the slices in slice
+order, then computes the coefficients and all Sinkhorn iterations in registers.
 The split depends on the shapes only, never on the number of rows: batch invariant. From the projection
 on, the arithmetic follows platform/cpu/rules_mhc.py step by step: rsqrt as 1/sqrt with IEEE division,
 the fused multiply-add, sigmoid and softmax in f64 rounded once to f32, and every sum over the n streams
@@ -71,12 +71,16 @@ def _seq_sum_f64(m: tl.tensor, N: tl.constexpr, NP: tl.constexpr) -> tl.tensor:
 
 
 @triton.jit
-def hc_pre_partial_kernel(
-    x_ptr, fn_ptr, part_ptr, K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def hc_pre_kernel(
+    x_ptr, fn_ptr, part_ptr, count_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps, norm_eps,
+    K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
+    N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
 ):  # fmt: skip
-    """Grid (tokens, cdiv(K, SPLIT)): the R fn-row dots and the sum of squares of one SPLIT-column slice of
-    row t, into part[t, s, 0:R] and part[t, s, R] (BLOCK_K tiles, a tree sum per slice: fixed order)."""
+    """Grid (tokens, S = cdiv(K, SPLIT)): the R fn-row dots and the sum of squares of one SPLIT-column
+    slice of row t, into part[t, s, 0:R] and part[t, s, R] (BLOCK_K tiles, a tree sum per slice: fixed
+    order); the row's last slice to arrive (an atomic count per row, reset by it) adds the slices in
+    slice order and writes pre [tokens, N], post [tokens, N] and comb [tokens, N, N]: the sums a second
+    launch over the partials would add, in the same order, in one launch."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     rows = tl.arange(0, RP)
@@ -91,7 +95,15 @@ def hc_pre_partial_kernel(
         acc += w * x[None, :]
         squares += x * x
     dots = tl.where(rows == R, tl.sum(squares, axis=0), tl.sum(acc, axis=1))
-    tl.store(part_ptr + (t * tl.num_programs(1) + s) * RP + rows, dots)
+    S: tl.constexpr = (K + SPLIT - 1) // SPLIT
+    tl.store(part_ptr + (t * S + s) * RP + rows, dots)
+    # every thread's partial is written before the count says so; the last slice's loads (.cg, from
+    # L2) see them (linear_tl.store_tile's pattern)
+    tl.debug_barrier()
+    if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == S - 1:
+        _finish_row(t, part_ptr + t * S * RP, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps,
+                    norm_eps, K, S, RP, N, NP, ITERS)  # fmt: skip
+        tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -99,7 +111,8 @@ def _mix(part_row, rows: tl.tensor, S: tl.constexpr, RP: tl.constexpr) -> tl.ten
     """Sum over the S slices in slice order of the partials at `rows` (-1: padding, gives 0)."""
     acc = tl.zeros(rows.shape, dtype=tl.float32)
     for s in tl.static_range(S):
-        acc = acc + tl.load(part_row + s * RP + tl.maximum(rows, 0), mask=rows >= 0, other=0.0)
+        where = part_row + s * RP + tl.maximum(rows, 0)
+        acc = acc + tl.load(where, mask=rows >= 0, other=0.0, cache_modifier=".cg")
     return acc
 
 
@@ -112,13 +125,11 @@ def _coefficient(mix: tl.tensor, r, base_ptr, rows, scale) -> tl.tensor:
 
 
 @triton.jit
-def hc_pre_kernel(
-    part_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps, norm_eps, K: tl.constexpr,
+def _finish_row(
+    t, part_row, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps, norm_eps, K: tl.constexpr,
     S: tl.constexpr, RP: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
 ):  # fmt: skip
-    """Grid (tokens,): row t's partials -> pre [tokens, N], post [tokens, N], comb [tokens, N, N]."""
-    t = tl.program_id(0).to(tl.int64)
-    part_row = part_ptr + t * S * RP
+    """Row t's partials -> its pre [N], post [N] and comb [N, N]."""
     i = tl.arange(0, NP)
     ii = tl.arange(0, NP * NP)
     pre_rows = tl.where(i < N, i, -1)
