@@ -193,22 +193,23 @@ def launch(
     )  # fmt: skip
 
 
-# One int32 arrival count per output tile of a split GEMM, zero between launches (the last split of a
-# tile resets its count). One buffer per device serves every launch: launches that use it run in stream
-# order (the side stream carries no GEMM), so no two are in flight at once.
+# One int32 arrival count per output tile of a split GEMM (and per row of hc_pre, kernels/mhc_tl.py), zero
+# between launches (the last part to arrive resets its count). One buffer per device serves every launch:
+# launches that use it run in stream order (the side stream carries no GEMM and no hc_pre), so no two are
+# in flight at once.
 COUNT_SLOTS = 1 << 20
 _COUNTS: dict[torch.device, Tensor] = {}
 
 
 def split_counts(device: torch.device, tiles: int) -> Tensor:
-    """The device's zeroed tile counts (allocated at its first split GEMM, which a capture's eager
-    warm-up runs before any capture)."""
+    """The device's zeroed arrival counts, `tiles` of them used (allocated at the first launch that needs
+    them, which a capture's eager warm-up runs before any capture)."""
     if tiles > COUNT_SLOTS:
-        raise ValueError(f"linear: {tiles} output tiles of a split GEMM, more than the {COUNT_SLOTS} counts")
+        raise ValueError(f"split sums: {tiles} tiles or rows in one launch, over the {COUNT_SLOTS} counts")
     counts = _COUNTS.get(device)
     if counts is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("linear: the split GEMM's tile counts must be allocated before a capture")
+            raise RuntimeError("split sums: the arrival counts must be allocated before a capture")
         counts = _COUNTS[device] = torch.zeros(COUNT_SLOTS, dtype=torch.int32, device=device)
     return counts
 
