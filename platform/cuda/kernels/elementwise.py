@@ -17,9 +17,17 @@ from dsgraph.platform.cpu import rules_core
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 
-__all__ = ["KERNELS", "RULES", "add_f32"]
+__all__ = ["KERNELS", "RULES", "add_f32", "binary_operands"]
 
 BLOCK = 1024  # elements per program
+
+
+def binary_operands(a: Tensor, b: Tensor, out_dtype: str) -> tuple[Tensor, Tensor, Tensor]:
+    """An element-wise kernel's operands: a and b broadcast to one shape and contiguous, and the empty
+    output of that shape in out_dtype (the kernels index all three with one flat offset)."""
+    a, b = torch.broadcast_tensors(a, b)
+    out = torch.empty(a.shape, dtype=to_torch(out_dtype), device=a.device)
+    return a.contiguous(), b.contiguous(), out
 
 
 def add_f32(p: Any, a: Tensor, b: Tensor) -> Tensor:
@@ -27,10 +35,9 @@ def add_f32(p: Any, a: Tensor, b: Tensor) -> Tensor:
         return rules_core.add_f32(p, a, b)
     from dsgraph.platform.cuda.kernels.elementwise_tl import launch_add_f32
 
-    a, b = torch.broadcast_tensors(a, b)
-    out = torch.empty(a.shape, dtype=to_torch(p.out_dtype), device=a.device)
+    a, b, out = binary_operands(a, b, p.out_dtype)
     if out.numel():
-        launch_add_f32(a.contiguous(), b.contiguous(), out, out.numel(), BLOCK)
+        launch_add_f32(a, b, out, out.numel(), BLOCK)
     return out
 
 

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda.arrival_counts import arrival_counts
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, fp8_g32_quantize, round_f32_to
 
 # DOT_KIND: the operand type of the tensor-core dot.
@@ -193,31 +194,10 @@ def launch(
     )  # fmt: skip
 
 
-# One int32 arrival count per output tile of a split GEMM (and per row of hc_pre, kernels/mhc_tl.py), zero
-# between launches (the last part to arrive resets its count). One buffer per device serves every launch:
-# launches that use it run in stream order (the side stream carries no GEMM and no hc_pre), so no two are
-# in flight at once.
-COUNT_SLOTS = 1 << 20
-_COUNTS: dict[torch.device, Tensor] = {}
-
-
-def split_counts(device: torch.device, tiles: int) -> Tensor:
-    """The device's zeroed arrival counts, `tiles` of them used (allocated at the first launch that needs
-    them, which a capture's eager warm-up runs before any capture)."""
-    if tiles > COUNT_SLOTS:
-        raise ValueError(f"split sums: {tiles} tiles or rows in one launch, over the {COUNT_SLOTS} counts")
-    counts = _COUNTS.get(device)
-    if counts is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split sums: the arrival counts must be allocated before a capture")
-        counts = _COUNTS[device] = torch.zeros(COUNT_SLOTS, dtype=torch.int32, device=device)
-    return counts
-
-
 def split_buffers(out: Tensor, splits: int, grid: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
     """The FP32 partials [splits, *out.shape] and tile counts of a split GEMM (out itself for one range:
     the kernel then reads neither)."""
     if splits == 1:
         return out, out
     part = torch.empty((splits, *out.shape), dtype=torch.float32, device=out.device)
-    return part, split_counts(out.device, grid[0] * grid[1] * (grid[2] // splits))
+    return part, arrival_counts(out.device, grid[0] * grid[1] * (grid[2] // splits))

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import rules_mhc
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cuda.arrival_counts import arrival_counts
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 
 __all__ = ["RULES", "hc_collapse", "hc_expand", "hc_pre"]
@@ -54,12 +55,10 @@ def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[
     post = torch.empty((tokens, n), dtype=torch.float32, device=x.device)
     comb = torch.empty((tokens, n, n), dtype=torch.float32, device=x.device)
     if tokens:
-        from dsgraph.platform.cuda.kernels.linear_tl import split_counts
-
         splits, padded = triton_cdiv(width, SPLIT), next_pow2(mixes + 1)
         part = torch.empty((tokens, splits, padded), dtype=torch.float32, device=x.device)
         K.hc_pre_kernel[(tokens, splits)](
-            x.contiguous(), fn.contiguous(), part, split_counts(x.device, tokens), base.contiguous(),
+            x.contiguous(), fn.contiguous(), part, arrival_counts(x.device, tokens), base.contiguous(),
             scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps), K=width, R=mixes,
             RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K, N=n, NP=next_pow2(n), ITERS=p.sinkhorn_iters,
             num_warps=NUM_WARPS, enable_fp_fusion=False,

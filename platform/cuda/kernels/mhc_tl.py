@@ -98,7 +98,7 @@ def hc_pre_kernel(
     S: tl.constexpr = (K + SPLIT - 1) // SPLIT
     tl.store(part_ptr + (t * S + s) * RP + rows, dots)
     # every thread's partial is written before the count says so; the last slice's loads (.cg, from
-    # L2) see them (linear_tl.store_tile's pattern)
+    # L2) see them (linear_tl.store_tile's pattern; counts: platform/cuda/arrival_counts.py)
     tl.debug_barrier()
     if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == S - 1:
         _finish_row(t, part_ptr + t * S * RP, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps,

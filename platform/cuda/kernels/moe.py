@@ -38,6 +38,7 @@ from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
+from dsgraph.platform.cuda.kernels.elementwise import binary_operands
 from dsgraph.platform.cuda.scale_bound import scales_at_most_128
 
 __all__ = [
@@ -142,10 +143,9 @@ def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
         return rules_moe.swiglu(p, g, v)
     from dsgraph.platform.cuda.kernels import moe_tl
 
-    g, v = torch.broadcast_tensors(g, v)
-    out = torch.empty(g.shape, dtype=to_torch(p.out_dtype), device=g.device)
+    g, v, out = binary_operands(g, v, p.out_dtype)
     if out.numel():
-        moe_tl.launch_swiglu(g.contiguous(), v.contiguous(), out, float(p.limit))
+        moe_tl.launch_swiglu(g, v, out, float(p.limit))
     return out
 
 
