@@ -9,6 +9,7 @@ from dsgraph.ops import (  # noqa: F401
     core,
     dspark,
     engram,
+    fused,
     mhc,
     moe,
     mtp,

@@ -44,6 +44,9 @@ class Platform:
     inplace: Mapping[str, Inplace] = field(default_factory=dict)
     # op name -> the device kernels its rule may launch (shown by Program.as_text; the cuda platform's)
     kernels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # lowering merges the equation pairs that have a fused op (platform/fusion.py): for a platform whose
+    # kernels run each pair as one launch
+    fuse: bool = False
 
     def rule_for(self, eqn: Eqn, where: str = "") -> Rule:
         rule = self.rules.get(eqn.op)
@@ -125,6 +128,10 @@ def get_platform(name: str) -> Platform:
 def lower(graph: Graph, platform: Platform | str) -> Program:
     plat = get_platform(platform) if isinstance(platform, str) else platform
     where = f"graph {graph.name}, "
+    if plat.fuse:
+        from dsgraph.platform.fusion import fuse
+
+        graph = fuse(graph)
     if plat.inplace:
         from dsgraph.platform.inplace import order_for_inplace
 

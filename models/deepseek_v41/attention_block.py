@@ -110,19 +110,20 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -
     """Inverse RoPE at the query position, grouped low-rank wo_a, then wo_b (`prefix`: a DSpark stage's)."""
     p, t = prefix or f"layers.{plan.index}.attn.", f.text
     o = f.rope(o, f.step["positions"], plan.rope_theta, plan.use_yarn, inverse=True)
-    per_group = t.num_attention_heads * t.head_dim // t.o_groups
-    grouped = op.reshape(o, shape=(o.shape[0], t.o_groups, per_group))
     name = p + "wo_a.weight"
     scale = f.weights.get(p + "wo_a.scale")
+    # quantized per head before the regrouping: the same runs of 32 columns as per group (both widths are
+    # multiples of 32), and the quantization then reads the rope's own output (one kernel on cuda)
+    o = f.cast(o, f.w(name).dtype) if scale is None else f.act_quantize(o)
+    per_group = t.num_attention_heads * t.head_dim // t.o_groups
+    grouped = op.reshape(o, shape=(o.shape[0], t.o_groups, per_group))
     # serving: the wo_a einsum writes wo_b's FP8 input from its f32 accumulator, no BF16 first (2d)
     fp8_out = f.num.act_quant != "none" and p + "wo_b.scale" in f.weights
     out_dtype = "f32" if fp8_out else f.num.act_dtype
     if scale is None:
-        z = op.grouped_linear(f.cast(grouped, f.w(name).dtype), f.w(name), out_dtype=out_dtype)
+        z = op.grouped_linear(grouped, f.w(name), out_dtype=out_dtype)
     else:
-        z = op.grouped_linear(
-            f.act_quantize(grouped), f.w(name), scale, weight_format="fp8_block32", out_dtype=out_dtype
-        )
+        z = op.grouped_linear(grouped, f.w(name), scale, weight_format="fp8_block32", out_dtype=out_dtype)
     z = op.reshape(z, shape=(z.shape[0], t.o_groups * t.o_lora_rank))
     if fp8_out:
         z = op.act_qdq(z, fmt=f.num.act_quant)

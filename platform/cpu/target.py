@@ -8,6 +8,7 @@ from dsgraph.platform.cpu.rules_cache import RULES as CACHE_RULES
 from dsgraph.platform.cpu.rules_core import RULES as CORE_RULES
 from dsgraph.platform.cpu.rules_dspark import RULES as DSPARK_RULES
 from dsgraph.platform.cpu.rules_engram import RULES as ENGRAM_RULES
+from dsgraph.platform.cpu.rules_fused import RULES as FUSED_RULES
 from dsgraph.platform.cpu.rules_mhc import RULES as MHC_RULES
 from dsgraph.platform.cpu.rules_moe import RULES as MOE_RULES
 from dsgraph.platform.cpu.rules_mtp import RULES as MTP_RULES
@@ -34,5 +35,6 @@ PLATFORM = Platform(
         **SPEC_RULES,
         **WINDOW_RULES,
         **MTP_RULES,
+        **FUSED_RULES,
     },
 )

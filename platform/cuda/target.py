@@ -101,6 +101,7 @@ def cuda_platform() -> Platform:
         fallbacks={op: why for op, why in FALLBACKS.items() if op not in KERNEL_RULES},
         inplace=INPLACE,
         kernels=kernel_launches(KERNEL_RULES),
+        fuse=True,
     )
 
 

@@ -198,8 +198,12 @@ def _fused() -> None:
         "eps": "fp32",
         "norm_eps": "fp32",
     }
+    pre |= {"y_ptr": bf16, "old_ptr": bf16, "post_in_ptr": f32, "comb_in_ptr": f32}
     meta = dict(K=4 * 5120, R=24, RP=32, SPLIT=mhc.SPLIT, BLOCK_K=mhc.BLOCK_K, N=4, NP=4, ITERS=20)
-    _without_spills(mhc_tl.hc_pre_kernel, pre, meta, mhc.NUM_WARPS)
+    for expand in (False, True):  # hc_pre, hc_expand_pre
+        _without_spills(
+            mhc_tl.hc_pre_kernel, pre, {**meta, "EXPAND": expand, "OUT": tl.bfloat16}, mhc.NUM_WARPS
+        )
     hc = dict(N=4, BLOCK=mhc.BLOCK_H, OUT=tl.bfloat16)
     collapse = {"x_ptr": bf16, "a_ptr": f32, "out_ptr": bf16, "H": "i32"}
     _without_spills(mhc_tl.hc_collapse_kernel, collapse, hc)
@@ -208,20 +212,30 @@ def _fused() -> None:
         _without_spills(
             mhc_tl.hc_expand_kernel, expand, {**hc, "OUT": tl.float32 if x == f32 else tl.bfloat16}
         )
-    norm = {"x_ptr": bf16, "w_ptr": bf16, "out_ptr": bf16, "eps": "fp32"}
-    _without_spills(
-        norm_rope_tl.rms_norm_kernel, norm, dict(D=5120, BLOCK=norm_rope.NORM_BLOCK, OUT=tl.bfloat16)
-    )
+    # the plain ops (QDQ -1) and the fused ones quantizing their result (ops/fused.py) in FP8-g32 and
+    # (the index query's rope) MXFP4
+    plain, fp8 = dict(QDQ=-1, GROUP=32, QOUT=tl.bfloat16), dict(QDQ=0, GROUP=32, QOUT=tl.bfloat16)
+    norm = {"x_ptr": bf16, "a_ptr": f32, "w_ptr": bf16, "out_ptr": bf16, "q_ptr": bf16, "eps": "fp32"}
+    # rms_norm (N 0) and hc_collapse_norm (the 4 streams collapsed as they are read), each plain or fused
+    for streams, raw, qdq in ((0, True, plain), (0, False, fp8), (4, True, plain), (4, True, fp8)):
+        meta = dict(D=5120, N=streams, BLOCK=norm_rope.NORM_BLOCK, OUT=tl.bfloat16, RAW=raw, **qdq)
+        _without_spills(norm_rope_tl.rms_norm_kernel, norm, meta)
     from dsgraph.platform.cuda.kernels import engram, engram_tl
 
     gate = {"x_ptr": bf16, "kv_ptr": f32, "qw_ptr": bf16, "kw_ptr": bf16, "tok_ptr": "*i32", "out_ptr": bf16}
     gate |= {"eps": "fp32", "inv_sqrt_h": "fp32", "image_token_id": "i32"}
     meta = dict(N=4, H=5120, BLOCK=engram.GATE_BLOCK, OUT=tl.bfloat16)
     _without_spills(engram_tl.engram_gate_kernel, gate, meta)
-    rope = {"x_ptr": bf16, "pos_ptr": "*i32", "freq_ptr": f32, "out_ptr": bf16, "heads": "i32"}
-    meta = dict(D=512, ROPE=64, INVERSE=False, BLOCK_H=norm_rope.ROPE_BLOCK_H, BLOCK_D=512, BLOCK_P=32)
-    meta["OUT"] = tl.bfloat16
-    _without_spills(norm_rope_tl.rope_kernel, rope, meta)
+    rope = {"x_ptr": bf16, "pos_ptr": "*i32", "freq_ptr": f32, "out_ptr": bf16, "q_ptr": bf16, "heads": "i32"}
+    mxfp4 = dict(QDQ=1, GROUP=32, QOUT=tl.bfloat16)
+    for width, raw, qdq in ((512, True, plain), (512, False, fp8), (128, False, mxfp4)):
+        meta = dict(D=width, ROPE=64, INVERSE=False, BLOCK_H=norm_rope.ROPE_BLOCK_H, BLOCK_P=32)
+        meta |= dict(BLOCK_D=mhc.next_pow2(width - 64), OUT=tl.bfloat16, RAW=raw, **qdq)
+        _without_spills(norm_rope_tl.rope_kernel, rope, meta)
+    swiglu = {"g_ptr": bf16, "v_ptr": bf16, "out_ptr": f32, "q_ptr": bf16, "size": "i32", "limit": "fp32"}
+    for raw, qdq in ((True, plain), (False, fp8)):
+        meta = dict(BLOCK=moe_tl.SWIGLU_BLOCK, OUT=tl.float32, RAW=raw, **qdq)
+        _without_spills(moe_tl.swiglu_kernel, swiglu, meta)
     for fmt, (group, width) in enumerate(((32, 512), (32, 128), (16, 512), (16, 512))):
         shape = dict(D=width, FMT=fmt, GROUP=group, BLOCK_G=16)
         _without_spills(

@@ -1,6 +1,7 @@
-"""cuda rules of `hc_pre`, `hc_collapse` and `hc_expand` (dsgraph.ops.mhc): Triton kernels (mhc_tl.py;
-one launch each) in place of the cpu rules' dozens of small torch kernels (hc_pre's 20 Sinkhorn
-iterations).
+"""cuda rules of `hc_pre`, `hc_collapse` and `hc_expand` (dsgraph.ops.mhc), and of `hc_expand_pre`
+(ops/fused.py: hc_pre's kernel computing the streams it reads as hc_expand's would, and writing them):
+Triton kernels (mhc_tl.py; one launch each) in place of the cpu rules' dozens of small torch kernels
+(hc_pre's 20 Sinkhorn iterations).
 
 Numerics against platform/cpu/rules_mhc.py: hc_collapse and hc_expand are bit-equal (products rounded,
 streams summed in order, one cast). hc_pre's projection and sum of squares are f32 dots over n*H values
@@ -18,12 +19,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dsgraph.platform.cpu import rules_mhc
+from dsgraph.platform.cpu import rules_fused, rules_mhc
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cuda.arrival_counts import arrival_counts
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 
-__all__ = ["RULES", "hc_collapse", "hc_expand", "hc_pre"]
+__all__ = ["RULES", "hc_collapse", "hc_expand", "hc_expand_pre", "hc_pre"]
 
 SPLIT = 1024  # hc_pre's columns per partial program (n*H = 20480 -> 20 programs per row)
 BLOCK_K = 128  # hc_pre's K tile: [2n+n^2+1 (padded to 32), 128] f32 partial products
@@ -44,9 +45,11 @@ def triton_dtype(dtype: torch.dtype) -> Any:
     return table[dtype]
 
 
-def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    if not runs_kernels(x):
-        return rules_mhc.hc_pre(p, x, fn, base, scale)
+def _launch_pre(
+    p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor, expand: tuple[Tensor, ...] | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """hc_pre_kernel over streams x [tokens, n, H]; with `expand` = (y, old streams, post, comb) the
+    kernel first computes x as hc_expand would, writing it (x is then an empty tensor to fill)."""
     from dsgraph.platform.cuda.kernels import mhc_tl as K
 
     tokens, n, hidden = x.shape
@@ -57,13 +60,31 @@ def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[
     if tokens:
         splits, padded = triton_cdiv(width, SPLIT), next_pow2(mixes + 1)
         part = torch.empty((tokens, splits, padded), dtype=torch.float32, device=x.device)
+        y, old, post_in, comb_in = (t.contiguous() for t in expand) if expand else (x, x, pre, comb)
         K.hc_pre_kernel[(tokens, splits)](
-            x.contiguous(), fn.contiguous(), part, arrival_counts(x.device, tokens), base.contiguous(),
-            scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps), K=width, R=mixes,
-            RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K, N=n, NP=next_pow2(n), ITERS=p.sinkhorn_iters,
+            x, fn.contiguous(), part, arrival_counts(x.device, tokens), base.contiguous(),
+            scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps), y, old, post_in, comb_in,
+            K=width, R=mixes, RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K, N=n, NP=next_pow2(n),
+            ITERS=p.sinkhorn_iters, EXPAND=expand is not None, OUT=triton_dtype(x.dtype),
             num_warps=NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
     return pre, post, comb
+
+
+def hc_pre(p: Any, x: Tensor, fn: Tensor, base: Tensor, scale: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    if not runs_kernels(x):
+        return rules_mhc.hc_pre(p, x, fn, base, scale)
+    return _launch_pre(p, x.contiguous(), fn, base, scale, None)
+
+
+def hc_expand_pre(
+    p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor, fn: Tensor, base: Tensor, scale: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """hc_expand, then hc_pre of its result, in one launch (ops/fused.py)."""
+    if not runs_kernels(x):
+        return rules_fused.hc_expand_pre(p, y, x, post, comb, fn, base, scale)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return (out, *_launch_pre(p, out, fn, base, scale, (y, x, post, comb)))
 
 
 def hc_collapse(p: Any, x: Tensor, a: Tensor) -> Tensor:
@@ -103,10 +124,16 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-RULES: dict[str, Any] = {"hc_pre": hc_pre, "hc_collapse": hc_collapse, "hc_expand": hc_expand}
+RULES: dict[str, Any] = {
+    "hc_pre": hc_pre,
+    "hc_collapse": hc_collapse,
+    "hc_expand": hc_expand,
+    "hc_expand_pre": hc_expand_pre,
+}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
 KERNELS: dict[str, tuple[str, ...]] = {
     "hc_pre": ("mhc_tl.hc_pre_kernel",),
     "hc_collapse": ("mhc_tl.hc_collapse_kernel",),
     "hc_expand": ("mhc_tl.hc_expand_kernel",),
+    "hc_expand_pre": ("mhc_tl.hc_pre_kernel",),
 }

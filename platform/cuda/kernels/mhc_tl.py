@@ -1,4 +1,5 @@
-"""Triton kernels of `hc_pre`, `hc_collapse` and `hc_expand` (mhc.py holds the rules).
+"""Triton kernels of `hc_pre`, `hc_collapse` and `hc_expand`, and of the fused `hc_expand_pre` (mhc.py
+holds the rules; hc_collapse_norm is norm_rope_tl's rms_norm_kernel with a collapse prologue).
 
 hc_pre in one launch: `hc_pre_kernel` splits each row's n*H values into fixed SPLIT-column slices (many
 programs even at batch 1, where one program per row would leave a 2 MB fn read to one SM) and writes each
@@ -73,14 +74,17 @@ def _seq_sum_f64(m: tl.tensor, N: tl.constexpr, NP: tl.constexpr) -> tl.tensor:
 @triton.jit
 def hc_pre_kernel(
     x_ptr, fn_ptr, part_ptr, count_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps, norm_eps,
+    y_ptr, old_ptr, post_in_ptr, comb_in_ptr,
     K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
-    N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr,
+    N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, EXPAND: tl.constexpr, OUT: tl.constexpr,
 ):  # fmt: skip
     """Grid (tokens, S = cdiv(K, SPLIT)): the R fn-row dots and the sum of squares of one SPLIT-column
     slice of row t, into part[t, s, 0:R] and part[t, s, R] (BLOCK_K tiles, a tree sum per slice: fixed
     order); the row's last slice to arrive (an atomic count per row, reset by it) adds the slices in
     slice order and writes pre [tokens, N], post [tokens, N] and comb [tokens, N, N]: the sums a second
-    launch over the partials would add, in the same order, in one launch."""
+    launch over the partials would add, in the same order, in one launch. EXPAND (hc_expand_pre): the
+    slice's streams are first computed as hc_expand_kernel computes them, from y, the old streams and
+    their post / comb, and written to x (in OUT)."""
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     rows = tl.arange(0, RP)
@@ -89,7 +93,10 @@ def hc_pre_kernel(
     squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, SPLIT, BLOCK_K):
         kk = s * SPLIT + k0 + k
-        x = tl.load(x_ptr + t * K + kk, mask=kk < K, other=0.0).to(tl.float32)
+        if EXPAND:
+            x = _expand_at(x_ptr, y_ptr, old_ptr, post_in_ptr, comb_in_ptr, t, kk, K, N, OUT)
+        else:
+            x = tl.load(x_ptr + t * K + kk, mask=kk < K, other=0.0).to(tl.float32)
         mask = (rows[:, None] < R) & (kk[None, :] < K)
         w = tl.load(fn_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :], mask=mask, other=0.0)
         acc += w * x[None, :]
@@ -104,6 +111,26 @@ def hc_pre_kernel(
         _finish_row(t, part_ptr + t * S * RP, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, eps,
                     norm_eps, K, S, RP, N, NP, ITERS)  # fmt: skip
         tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _expand_at(x_ptr, y_ptr, old_ptr, post_ptr, comb_ptr, t, kk, K: tl.constexpr, N: tl.constexpr,
+               OUT: tl.constexpr) -> tl.tensor:  # fmt: skip
+    """The new streams at flat columns kk (stream kk // H, column kk % H) of row t, hc_expand_kernel's
+    arithmetic per element, stored to x in OUT and returned as read back (f32 of the stored value)."""
+    H: tl.constexpr = K // N
+    mask = kk < K
+    j, h = kk // H, kk % H
+    y = tl.load(y_ptr + t * H + h, mask=mask, other=0.0).to(tl.float32)
+    mixed = tl.zeros(kk.shape, dtype=tl.float32)
+    for i in tl.static_range(N):
+        c = tl.load(comb_ptr + (t * N + i) * N + j, mask=mask, other=0.0)
+        x = tl.load(old_ptr + (t * N + i) * H + h, mask=mask, other=0.0).to(tl.float32)
+        mixed = mixed + c * x
+    update = tl.load(post_ptr + t * N + j, mask=mask, other=0.0) * y
+    value = round_f32_to(update + mixed, OUT)
+    tl.store(x_ptr + t * K + kk, value, mask=mask)
+    return value.to(tl.float32)
 
 
 @triton.jit

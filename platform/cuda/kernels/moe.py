@@ -1,4 +1,5 @@
-"""CUDA rules of `moe_route`, `moe_experts` and `swiglu` (ops/moe.py; cpu meaning: platform/cpu/rules_moe.py).
+"""CUDA rules of `moe_route`, `moe_experts`, `swiglu` and the one-rank `moe_dispatch` (ops/moe.py; cpu
+meaning: platform/cpu/rules_moe.py).
 
 - moe_route: the gate GEMM through the batch-invariant linear kernel (FP32 out), then sqrt(softplus) in
   f64 rounded once (torch ops on the device, element-wise), then one launch (moe_route_tl.py) for the
@@ -18,7 +19,7 @@
   one's. The decode tiles upcast the packed weights with inline PTX (SwapTiles.asm: the same BF16 values
   as tl.dot_scaled's upcast, fewer instructions; one multiply per code pair fewer where every scale byte
   is at most 128, known on the host per tensor: ../scale_bound.py), and so do the prefill tiles.
-- swiglu: one element-wise kernel.
+- swiglu: one element-wise kernel; swiglu_qdq (ops/fused.py) the same kernel quantizing its result.
 Dense expert weights with act_quant fp8_g32 (no V4.1 graph uses it), and tensors off a CUDA device
 (unless Triton's interpreter is on), fall back to the cpu rules.
 """
@@ -33,12 +34,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dsgraph.ops.fused import inner_params
 from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_moe
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import checking
 from dsgraph.platform.cuda.kernels import linear as cuda_linear
 from dsgraph.platform.cuda.kernels.elementwise import binary_operands
+from dsgraph.platform.cuda.kernels.mhc import triton_dtype
+from dsgraph.platform.cuda.kernels.quant_act import epilogue, no_epilogue, then_qdq
 from dsgraph.platform.cuda.scale_bound import scales_at_most_128
 
 __all__ = [
@@ -48,9 +52,11 @@ __all__ = [
     "SWAP_BUCKETS",
     "SwapBuckets",
     "SwapTiles",
+    "moe_dispatch",
     "moe_experts",
     "moe_route",
     "swiglu",
+    "swiglu_qdq",
 ]
 
 # BLOCK_M, BLOCK_N, num_warps, num_stages of the expert GEMMs; fixed, never chosen from the row count.
@@ -145,8 +151,38 @@ def swiglu(p: Any, g: Tensor, v: Tensor) -> Tensor:
 
     g, v, out = binary_operands(g, v, p.out_dtype)
     if out.numel():
-        moe_tl.launch_swiglu(g, v, out, float(p.limit))
+        moe_tl.launch_swiglu(g, v, out, out, float(p.limit), triton_dtype(out.dtype), True, no_epilogue(out))
     return out
+
+
+def swiglu_qdq(p: Any, g: Tensor, v: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """swiglu and the act_qdq of its result in one launch (ops/fused.py)."""
+    y_dtype = to_torch(p.out_dtype)
+    applies = _on_device(g) and g.shape == v.shape and g.dim()
+    fused = epilogue(p, tuple(g.shape), y_dtype, g.device, g.shape[-1]) if applies else None
+    if fused is None:
+        return then_qdq(p, swiglu(inner_params(p), g, v))
+    from dsgraph.platform.cuda.kernels import moe_tl
+
+    q, qdq = fused
+    out = torch.empty(g.shape, dtype=y_dtype, device=g.device) if p.raw else q
+    g, v = g.contiguous(), v.contiguous()
+    moe_tl.launch_swiglu(g, v, out, q, float(p.limit), triton_dtype(y_dtype), p.raw, qdq)
+    return (out, q) if p.raw else q
+
+
+# (rows, device) -> the zeros a one-rank moe_dispatch returns as src
+_ZERO_SOURCES: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def moe_dispatch(p: Any, x: Tensor, ids: Tensor, weights: Tensor) -> tuple[Tensor, ...]:
+    """One rank: the cpu rule's identity. Its src (all zeros, which nothing writes) is one tensor kept per
+    row count and device, made on the first (eager) run: a captured step launches no fill for it."""
+    key = (x.shape[0], x.device)
+    src = _ZERO_SOURCES.get(key)
+    if src is None:
+        src = _ZERO_SOURCES.setdefault(key, rules_moe.moe_dispatch(p, x, ids, weights)[3])
+    return x, ids, weights, src
 
 
 def _check_ids(ids: Tensor, num_experts: int) -> None:
@@ -288,11 +324,18 @@ def _swap_experts(
     return out
 
 
-RULES: dict[str, Any] = {"moe_route": moe_route, "moe_experts": moe_experts, "swiglu": swiglu}
+RULES: dict[str, Any] = {
+    "moe_dispatch": moe_dispatch,
+    "moe_route": moe_route,
+    "moe_experts": moe_experts,
+    "swiglu": swiglu,
+    "swiglu_qdq": swiglu_qdq,
+}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): the gate
 # GEMM through the linear kernel; the plan, the base or swap-AB expert GEMMs (with the swap path's
 # activation qdq) and the combine
 KERNELS: dict[str, tuple[str, ...]] = {
+    "moe_dispatch": (),
     "moe_route": (  # the dense gate, then the selection
         "linear_tl.linear_kernel",
         "moe_route_tl.route_select_kernel",
@@ -305,4 +348,5 @@ KERNELS: dict[str, tuple[str, ...]] = {
         "moe_tl.combine_kernel",
     ),
     "swiglu": ("moe_tl.swiglu_kernel",),
+    "swiglu_qdq": ("moe_tl.swiglu_kernel", "quant_act_tl.qdq_kernel"),
 }

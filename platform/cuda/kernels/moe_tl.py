@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dsgraph.platform.cuda.kernels.linear_tl import chunk_dot
+from dsgraph.platform.cuda.kernels.quant_act_tl import qdq_tile
 from dsgraph.platform.cuda.kernels.quant_tl import e2m1_to_e4m3, e8m0_to_f32, round_f32_to, swiglu_f32
 
 # gemm_out_dtype -> the dtype the expert GEMM outputs are rounded to
@@ -119,14 +120,23 @@ def expert_gemm_kernel(
 
 
 @triton.jit
-def swiglu_kernel(g_ptr, v_ptr, out_ptr, size, limit, BLOCK: tl.constexpr) -> None:
-    """silu(min(g, limit)) * clamp(v, -limit, limit), silu in f64 (platform/cpu/rules_moe.swiglu_f32)."""
+def swiglu_kernel(
+    g_ptr, v_ptr, out_ptr, q_ptr, size, limit, BLOCK: tl.constexpr, OUT: tl.constexpr, RAW: tl.constexpr,
+    QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+) -> None:  # fmt: skip
+    """silu(min(g, limit)) * clamp(v, -limit, limit), silu in f64 (platform/cpu/rules_moe.swiglu_f32),
+    rounded to OUT, stored when RAW. QDQ >= 0 (swiglu_qdq): q = act_qdq of that result, format QDQ, cast
+    to QOUT (each run of GROUP elements one group: a row's width is a multiple of GROUP, so is BLOCK)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < size
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    act = swiglu_f32(g, v, limit)
-    tl.store(out_ptr + offs, round_f32_to(act, out_ptr.dtype.element_ty), mask=mask)
+    act = round_f32_to(swiglu_f32(g, v, limit), OUT)
+    if RAW:
+        tl.store(out_ptr + offs, act, mask=mask)
+    if QDQ >= 0:
+        q = qdq_tile(tl.reshape(act.to(tl.float32), (1, BLOCK)), QDQ, GROUP, QOUT)
+        tl.store(q_ptr + offs, tl.reshape(q, (BLOCK,)), mask=mask)
 
 
 def launch_expert_gemm(
@@ -169,10 +179,16 @@ def launch_expert_gemm(
     )
 
 
-def launch_swiglu(g: Tensor, v: Tensor, out: Tensor, limit: float) -> None:
+SWIGLU_BLOCK = 1024  # elements per swiglu program (a multiple of every quantization group)
+
+
+def launch_swiglu(
+    g: Tensor, v: Tensor, out: Tensor, q: Tensor, limit: float, out_dtype: tl.dtype, raw: bool, qdq: dict
+) -> None:  # fmt: skip
     size = g.numel()
-    block = 1024
-    swiglu_kernel[(triton.cdiv(size, block),)](g, v, out, size, limit, BLOCK=block, num_warps=4)
+    swiglu_kernel[(triton.cdiv(size, SWIGLU_BLOCK),)](
+        g, v, out, q, size, limit, BLOCK=SWIGLU_BLOCK, OUT=out_dtype, RAW=raw, **qdq, num_warps=4
+    )  # fmt: skip
 
 
 # Pairs per step of the plan kernel's loops (one bitonic sort of this many keys) and tiles per step.

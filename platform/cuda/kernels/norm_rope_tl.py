@@ -15,41 +15,78 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels.quant_act_tl import qdq_tile
 from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
-    """Grid (rows,): out[r] = w * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), cast to OUT."""
-    row = tl.program_id(0).to(tl.int64) * D
+def _norm_input(x_ptr, a_ptr, t, cols, mask, D: tl.constexpr, N: tl.constexpr, OUT: tl.constexpr):
+    """Row t of the norm's input at `cols`, in f32: x[t] (N == 0), or (hc_collapse_norm) the collapse
+    of the N streams x[t] [N, D] by a[t] [N], as mhc_tl.hc_collapse_kernel computes and rounds it."""
+    if N == 0:
+        v = tl.load(x_ptr + t * D + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros(cols.shape, dtype=tl.float32)
+        for i in tl.static_range(N):
+            a = tl.load(a_ptr + t * N + i)
+            x = tl.load(x_ptr + (t * N + i) * D + cols, mask=mask, other=0.0).to(tl.float32)
+            acc = acc + a * x
+        v = round_f32_to(acc, OUT).to(tl.float32)
+    return v
+
+
+@triton.jit
+def rms_norm_kernel(
+    x_ptr, a_ptr, w_ptr, out_ptr, q_ptr, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr,
+    OUT: tl.constexpr, RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows,): out[r] = w * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), cast to OUT (stored when RAW),
+    x[r] the row or (N > 0) the collapse of its N streams (`_norm_input`, recomputed in the second pass:
+    the same bits). QDQ >= 0 (the `_qdq` ops): q[r] = act_qdq of the output, format QDQ (quant_act_tl),
+    cast to QOUT."""
+    t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for c0 in tl.static_range(0, D, BLOCK):
-        x = tl.load(x_ptr + row + c0 + c, mask=c0 + c < D, other=0.0).to(tl.float32)
+        x = _norm_input(x_ptr, a_ptr, t, c0 + c, c0 + c < D, D, N, OUT)
         acc += x * x
     ms = tl.math.div_rn(tl.sum(acc, axis=0), tl.full((), D, tl.float32)) + eps
     r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms))
     for c0 in tl.static_range(0, D, BLOCK):
         mask = c0 + c < D
-        x = tl.load(x_ptr + row + c0 + c, mask=mask, other=0.0).to(tl.float32)
+        x = _norm_input(x_ptr, a_ptr, t, c0 + c, mask, D, N, OUT)
         w = tl.load(w_ptr + c0 + c, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row + c0 + c, round_f32_to(w * (x * r), OUT), mask=mask)
+        y = round_f32_to(w * (x * r), OUT)
+        if RAW:
+            tl.store(out_ptr + t * D + c0 + c, y, mask=mask)
+        if QDQ >= 0:
+            q = qdq_tile(tl.reshape(y.to(tl.float32), (1, BLOCK)), QDQ, GROUP, QOUT)
+            tl.store(q_ptr + t * D + c0 + c, tl.reshape(q, (BLOCK,)), mask=mask)
 
 
 @triton.jit
 def rope_kernel(
-    x_ptr, pos_ptr, freq_ptr, out_ptr, heads,
+    x_ptr, pos_ptr, freq_ptr, out_ptr, q_ptr, heads,
     D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, OUT: tl.constexpr,
+    RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
 ):  # fmt: skip
-    """Grid (tokens, cdiv(heads, BLOCK_H)): x [tokens, heads, D]; the last ROPE columns rotate in pairs."""
+    """Grid (tokens, cdiv(heads, BLOCK_H)): x [tokens, heads, D]; the last ROPE columns rotate in pairs;
+    stored when RAW. QDQ >= 0 (rope_qdq): q = act_qdq of the result per head row, format QDQ, cast to
+    QOUT; D - ROPE and ROPE are multiples of GROUP then, and BLOCK_P is ROPE / 2 or a multiple of
+    GROUP / 2 (no group mixes the two parts, or a pair past ROPE with one before it)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     base = (t * heads + h.to(tl.int64)) * D
-    c = tl.arange(0, BLOCK_D)
-    keep = (h[:, None] < heads) & (c[None, :] < D - ROPE)
-    x = tl.load(x_ptr + base[:, None] + c[None, :], mask=keep, other=0.0)
-    tl.store(out_ptr + base[:, None] + c[None, :], x, mask=keep)
+    if D > ROPE:
+        c = tl.arange(0, BLOCK_D)
+        keep = (h[:, None] < heads) & (c[None, :] < D - ROPE)
+        x = tl.load(x_ptr + base[:, None] + c[None, :], mask=keep, other=0.0)
+        if RAW:
+            tl.store(out_ptr + base[:, None] + c[None, :], x, mask=keep)
+        if QDQ >= 0:
+            q = qdq_tile(x.to(tl.float32), QDQ, GROUP, QOUT)
+            tl.store(q_ptr + base[:, None] + c[None, :], q, mask=keep)
     j = tl.arange(0, BLOCK_P)
     angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(freq_ptr + j, mask=j < ROPE // 2, other=0.0)
     cos = tl.cos(angle.to(tl.float64)).to(tl.float32)
@@ -60,7 +97,14 @@ def rope_kernel(
     even = base[:, None] + (D - ROPE) + 2 * j[None, :]
     x0 = tl.load(x_ptr + even, mask=pairs, other=0.0).to(tl.float32)
     x1 = tl.load(x_ptr + even + 1, mask=pairs, other=0.0).to(tl.float32)
-    real = x0 * cos[None, :] - x1 * sin[None, :]
-    imag = x0 * sin[None, :] + x1 * cos[None, :]
-    tl.store(out_ptr + even, round_f32_to(real, OUT), mask=pairs)
-    tl.store(out_ptr + even + 1, round_f32_to(imag, OUT), mask=pairs)
+    real = round_f32_to(x0 * cos[None, :] - x1 * sin[None, :], OUT)
+    imag = round_f32_to(x0 * sin[None, :] + x1 * cos[None, :], OUT)
+    if RAW:
+        tl.store(out_ptr + even, real, mask=pairs)
+        tl.store(out_ptr + even + 1, imag, mask=pairs)
+    if QDQ >= 0:
+        # the pairs interleaved back into column order (2j, 2j + 1), quantized, and split again
+        y = tl.reshape(tl.join(real.to(tl.float32), imag.to(tl.float32)), (BLOCK_H, 2 * BLOCK_P))
+        q0, q1 = tl.split(tl.reshape(qdq_tile(y, QDQ, GROUP, QOUT), (BLOCK_H, BLOCK_P, 2)))
+        tl.store(q_ptr + even, q0, mask=pairs)
+        tl.store(q_ptr + even + 1, q1, mask=pairs)

@@ -7,17 +7,19 @@ not a positive multiple of the group (the cpu codec raises the error) and for em
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dsgraph.ops.quant import GROUP_SIZES, entry_bytes
+from dsgraph.ops.quant import GROUP_SIZES, SAME_DTYPE, entry_bytes
 from dsgraph.platform.cpu import rules_quant
+from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 from dsgraph.platform.cuda.kernels.mhc import triton_cdiv, triton_dtype
 
-__all__ = ["RULES", "act_qdq", "cache_encode"]
+__all__ = ["RULES", "act_qdq", "cache_encode", "epilogue", "then_qdq"]
 
 FORMATS = {"fp8_g32": 0, "mxfp4_g32": 1, "nvfp4_g16": 2, "nvfp4_g16_recip": 3}
 BLOCK_G = 16  # groups per program
@@ -63,6 +65,37 @@ def cache_encode(p: Any, x: Tensor) -> Tensor:
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     return out
+
+
+def epilogue(
+    p: Any, shape: tuple[int, ...], y_dtype: torch.dtype, device: torch.device, *widths: int
+) -> tuple[Tensor, dict[str, Any]] | None:
+    """A `<op>_qdq` op's quantization (ops/fused.py) in its op's kernel, for an op whose result has this
+    shape and y_dtype: (an empty tensor for q on `device`, the kernel's QDQ / GROUP / QOUT arguments),
+    or None where the kernel does not apply (a format without one, one of `widths`, the column runs the
+    kernel quantizes apart, not a multiple of the group, or no elements): the rule then runs the op and
+    `then_qdq`."""
+    from dsgraph.ops.fused import qdq_params
+
+    q = qdq_params(p)
+    if q.fmt not in FORMATS or any(w % GROUP_SIZES[q.fmt] for w in widths) or not math.prod(shape):
+        return None
+    dtype = y_dtype if q.out_dtype == SAME_DTYPE else to_torch(q.out_dtype)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    return out, dict(QDQ=FORMATS[q.fmt], GROUP=GROUP_SIZES[q.fmt], QOUT=triton_dtype(dtype))
+
+
+def no_epilogue(y: Tensor) -> dict[str, Any]:
+    """The QDQ arguments of a producer's kernel run as the plain op."""
+    return dict(QDQ=-1, GROUP=32, QOUT=triton_dtype(y.dtype))
+
+
+def then_qdq(p: Any, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """A fused op's outputs from its producer's result y by a launch of its own (act_qdq's rule)."""
+    from dsgraph.ops.fused import qdq_params
+
+    q = act_qdq(qdq_params(p), y)
+    return (y, q) if p.raw else q
 
 
 RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}

@@ -84,12 +84,28 @@ def qdq_kernel(
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     mask = g[:, None] < D // GROUP
     x = tl.load(x_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row + cols, round_f32_to(qdq_groups(x, FMT), OUT), mask=mask)
+
+
+@triton.jit
+def qdq_groups(x: tl.tensor, FMT: tl.constexpr) -> tl.tensor:
+    """x [G, GROUP] FP32, one group per row -> dequantize(quantize(x)) in FP32 (act_qdq's values)."""
     if FMT == 0:  # the one FP8-g32 codec (non-finite groups as the cpu codec's too)
         values, scale = fp8_g32_grid(x)
     else:
         scale, factor = _group_scale(tl.max(tl.abs(x), axis=1), FMT)
         values = _e2m1_value(_e2m1_code(_normalize(x, scale, factor, FMT)))
-    tl.store(out_ptr + row + cols, round_f32_to(values * scale[:, None], OUT), mask=mask)
+    return values * scale[:, None]
+
+
+@triton.jit
+def qdq_tile(y: tl.tensor, FMT: tl.constexpr, GROUP: tl.constexpr, OUT: tl.constexpr) -> tl.tensor:
+    """A fused op's quantization of its result tile (ops/fused.py): y [R, C] FP32, every run of GROUP
+    columns from column 0 one group (C a multiple of GROUP) -> act_qdq's values in OUT, [R, C]."""
+    R: tl.constexpr = y.shape[0]
+    C: tl.constexpr = y.shape[1]
+    q = qdq_groups(tl.reshape(y, (R * C // GROUP, GROUP)), FMT)
+    return tl.reshape(round_f32_to(q, OUT), (R, C))
 
 
 @triton.jit

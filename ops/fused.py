@@ -1,0 +1,130 @@
+"""Fused ops: two equations of the model as one, so a platform can run them in one kernel. Models never
+emit them: a platform's lowering rewrites the pairs (platform/fusion.py, on for the cuda platform).
+Each computes exactly what its two equations compute, every intermediate rounded as they round it.
+
+- `<op>_qdq` (rms_norm, rope, swiglu, hc_collapse_norm): the op and the `act_qdq` of its output.
+  Outputs `(y, q)`, or `(q,)` when `raw` is False (y has no other reader), where y is the op's output and
+  q = act_qdq(y, fmt=qdq_fmt, out_dtype=qdq_dtype), which reads y as stored (rounded to y's dtype).
+- `hc_expand_pre`: hc_expand, then hc_pre of the streams it wrote (the next sublayer's coefficients).
+- `hc_collapse_norm`: hc_collapse, then rms_norm of the collapsed row (a sublayer's input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dsgraph.graph.op import NoParams, OpDef, declare_op, get_op, params
+from dsgraph.graph.types import TensorType
+from dsgraph.ops import mhc, moe, nn, rope
+from dsgraph.ops.quant import SAME_DTYPE, ActQdqParams
+
+__all__ = ["FUSED_QDQ", "inner_params", "qdq_params"]
+
+
+def _expand_pre_rule(p: mhc.HcPreParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    (x,) = get_op("hc_expand").infer(NoParams(), ts[:4])
+    return (x, *get_op("hc_pre").infer(p, (x, *ts[4:])))
+
+
+declare_op(
+    "hc_expand_pre",
+    mhc.HcPreParams,
+    _expand_pre_rule,
+    "`y [tokens, H], x [tokens, n, H], post [tokens, n] f32, comb [tokens, n, n] f32, fn, base, scale` -> "
+    "`(x' [tokens, n, H], pre, post', comb')`: x' = hc_expand(y, x, post, comb), then (pre, post', comb') = "
+    "hc_pre(x', fn, base, scale) (ops/mhc.py).",
+    num_inputs=7,
+)
+
+
+@params
+class HcCollapseNormParams:
+    eps: float
+    out_dtype: str = "f32"  # the collapsed row's dtype, and so the norm's
+
+
+def _collapse_norm_rule(p: HcCollapseNormParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    (c,) = get_op("hc_collapse").infer(mhc.HcCollapseParams(out_dtype=p.out_dtype), ts[:2])
+    return get_op("rms_norm").infer(nn.RMSNormParams(eps=p.eps), (c, ts[2]))
+
+
+declare_op(
+    "hc_collapse_norm",
+    HcCollapseNormParams,
+    _collapse_norm_rule,
+    "`x [tokens, n, H] float, a [tokens, n] f32, weight [H] float` -> `[tokens, H] out_dtype`: "
+    "rms_norm(hc_collapse(x, a) in out_dtype, weight) (ops/mhc.py, ops/nn.py).",
+    num_inputs=3,
+)
+
+
+@params
+class RMSNormQdqParams(nn.RMSNormParams):
+    qdq_fmt: str = "fp8_g32"
+    qdq_dtype: str = SAME_DTYPE
+    raw: bool = True
+
+
+@params
+class RopeQdqParams(rope.RopeParams):
+    qdq_fmt: str = "fp8_g32"
+    qdq_dtype: str = SAME_DTYPE
+    raw: bool = True
+
+
+@params
+class SwigluQdqParams(moe.SwigluParams):
+    qdq_fmt: str = "fp8_g32"
+    qdq_dtype: str = SAME_DTYPE
+    raw: bool = True
+
+
+@params
+class HcCollapseNormQdqParams(HcCollapseNormParams):
+    qdq_fmt: str = "fp8_g32"
+    qdq_dtype: str = SAME_DTYPE
+    raw: bool = True
+
+
+def inner_params(p: Any) -> Any:
+    """The producer's own params inside a `<op>_qdq` op's params (its base class)."""
+    base = type(p).__mro__[1]
+    return base(**{f.name: getattr(p, f.name) for f in dataclasses.fields(base)})
+
+
+def qdq_params(p: Any) -> ActQdqParams:
+    return ActQdqParams(fmt=p.qdq_fmt, out_dtype=p.qdq_dtype)
+
+
+def _rule(producer: OpDef) -> Any:
+    def rule(p: Any, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+        (y,) = producer.infer(inner_params(p), ts)
+        (q,) = get_op("act_qdq").infer(qdq_params(p), (y,))
+        return (y, q) if p.raw else (q,)
+
+    return rule
+
+
+# producer op -> its fused op
+FUSED_QDQ: dict[str, str] = {}
+
+
+def _declare(producer: str, params_type: type) -> None:
+    base = get_op(producer)
+    name = f"{producer}_qdq"
+    declare_op(
+        name,
+        params_type,
+        _rule(base),
+        f"as `{producer}` then `act_qdq` of its output (fmt=qdq_fmt, out_dtype=qdq_dtype): operands as "
+        f"{producer}'s -> `(y, q)` with raw, `(q,)` without (ops/fused.py). {producer}: {base.doc}",
+        num_inputs=base.num_inputs,
+    )
+    FUSED_QDQ[producer] = name
+
+
+_declare("rms_norm", RMSNormQdqParams)
+_declare("rope", RopeQdqParams)
+_declare("swiglu", SwigluQdqParams)
+_declare("hc_collapse_norm", HcCollapseNormQdqParams)

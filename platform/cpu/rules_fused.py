@@ -1,0 +1,50 @@
+"""Reference meaning of the fused ops (ops/fused.py): the rules of the two ops they fuse, one after the
+other (the fused op's meaning by construction)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from dsgraph.graph.op import NoParams
+from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params
+from dsgraph.ops.mhc import HcCollapseParams
+from dsgraph.ops.nn import RMSNormParams
+from dsgraph.platform.cpu import rules_quant
+from dsgraph.platform.cpu.rules_core import rms_norm
+from dsgraph.platform.cpu.rules_mhc import hc_collapse, hc_expand, hc_pre
+from dsgraph.platform.cpu.rules_moe import swiglu
+from dsgraph.platform.cpu.rules_rope import rope
+
+
+def hc_expand_pre(p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor, *pre_weights: Tensor) -> tuple:
+    streams = hc_expand(NoParams(), y, x, post, comb)
+    return (streams, *hc_pre(p, streams, *pre_weights))
+
+
+def hc_collapse_norm(p: Any, x: Tensor, a: Tensor, w: Tensor) -> Tensor:
+    row = hc_collapse(HcCollapseParams(out_dtype=p.out_dtype), x, a)
+    return rms_norm(RMSNormParams(eps=p.eps), row, w)
+
+
+def then_qdq(p: Any, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """A `<op>_qdq` op's outputs from its op's output y: (y, q), or q alone without `raw`."""
+    q = rules_quant.act_qdq(qdq_params(p), y)
+    return (y, q) if p.raw else q
+
+
+def _fused(producer: Any) -> Any:
+    def rule(p: Any, *operands: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        return then_qdq(p, producer(inner_params(p), *operands))
+
+    rule.__qualname__ = f"{producer.__name__}_qdq"
+    return rule
+
+
+_PRODUCERS = {"rms_norm": rms_norm, "rope": rope, "swiglu": swiglu, "hc_collapse_norm": hc_collapse_norm}
+RULES: dict[str, Any] = {
+    "hc_expand_pre": hc_expand_pre,
+    "hc_collapse_norm": hc_collapse_norm,
+    **{FUSED_QDQ[name]: _fused(rule) for name, rule in _PRODUCERS.items()},
+}

@@ -1,0 +1,110 @@
+"""Lowering-time fusion: pairs of equations that a platform's kernels run as one launch become one
+equation of a fused op (ops/fused.py), with the same values. On for a platform with `Platform.fuse`
+(the cuda platform); `lower` applies `fuse` before ordering for in-place writes.
+
+The models emit one equation per step of the arithmetic and leave sharing to CSE; these rewrites then
+merge, in order:
+1. `hc_expand` and the `hc_pre` of the streams it wrote -> `hc_expand_pre` (at the expand's place; the
+   pre's weights are graph inputs);
+2. `hc_collapse` read only by an `rms_norm` -> `hc_collapse_norm` (at the norm's place);
+3. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
+   anything else reads it (`raw`). One act_qdq folds per op (CSE leaves at most one per format).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from dsgraph.graph.ir import Eqn, Graph, Var
+from dsgraph.graph.op import get_op
+from dsgraph.ops.fused import FUSED_QDQ, HcCollapseNormParams
+
+__all__ = ["fuse", "fuse_qdq"]
+
+
+def _readers(graph: Graph) -> Counter:
+    """var id -> how many equation operands and graph outputs read it."""
+    count: Counter = Counter(a.id for e in graph.eqns for a in e.inputs if isinstance(a, Var))
+    count.update(a.id for a in graph.outputs if isinstance(a, Var))
+    return count
+
+
+def _defined_before(graph: Graph, index: int) -> set[int]:
+    """Ids of the values available before equation `index`: graph inputs and earlier outputs."""
+    ids = {v.id for v in graph.inputs}
+    ids.update(o.id for e in graph.eqns[:index] for o in e.outputs)
+    return ids
+
+
+def _pairs(graph: Graph, first: str, second: str) -> list[tuple[int, int]]:
+    """(i, j): equation j (op `second`) reads the first output of equation i (op `first`) as operand 0,
+    each equation in one pair at most."""
+    made = {e.outputs[0].id: i for i, e in enumerate(graph.eqns) if e.op == first}
+    pairs, used = [], set()
+    for j, e in enumerate(graph.eqns):
+        x = e.inputs[0] if e.op == second and e.inputs else None
+        i = made.get(x.id) if isinstance(x, Var) else None
+        if i is not None and i not in used:
+            pairs.append((i, j))
+            used.add(i)
+    return pairs
+
+
+def _rewrite(graph: Graph, merged: dict[int, Eqn], dropped: set[int]) -> Graph:
+    if not merged:
+        return graph
+    eqns = tuple(merged.get(i, e) for i, e in enumerate(graph.eqns) if i not in dropped)
+    return dataclasses.replace(graph, eqns=eqns)
+
+
+def fuse_expand_pre(graph: Graph) -> Graph:
+    merged, dropped = {}, set()
+    for i, j in _pairs(graph, "hc_expand", "hc_pre"):
+        expand, pre = graph.eqns[i], graph.eqns[j]
+        ready = _defined_before(graph, i)
+        if not all(a.id in ready for a in pre.inputs[1:] if isinstance(a, Var)):
+            continue
+        outs = (expand.outputs[0], *pre.outputs)
+        merged[i] = Eqn("hc_expand_pre", expand.inputs + pre.inputs[1:], outs, pre.params, expand.source)
+        dropped.add(j)
+    return _rewrite(graph, merged, dropped)
+
+
+def fuse_collapse_norm(graph: Graph) -> Graph:
+    readers = _readers(graph)
+    merged, dropped = {}, set()
+    for i, j in _pairs(graph, "hc_collapse", "rms_norm"):
+        collapse, norm = graph.eqns[i], graph.eqns[j]
+        if readers[collapse.outputs[0].id] != 1:
+            continue
+        p = HcCollapseNormParams(eps=norm.params.eps, out_dtype=collapse.params.out_dtype)
+        merged[j] = Eqn("hc_collapse_norm", collapse.inputs + norm.inputs[1:], norm.outputs, p, norm.source)
+        dropped.add(i)
+    return _rewrite(graph, merged, dropped)
+
+
+def _with_qdq(producer: Eqn, qdq: Eqn, raw: bool) -> Eqn:
+    name = FUSED_QDQ[producer.op]
+    fields = {f.name: getattr(producer.params, f.name) for f in dataclasses.fields(producer.params)}
+    p = get_op(name).params_type(**fields, qdq_fmt=qdq.params.fmt, qdq_dtype=qdq.params.out_dtype, raw=raw)
+    outs = (producer.outputs[0], qdq.outputs[0]) if raw else (qdq.outputs[0],)
+    return Eqn(name, producer.inputs, outs, p, producer.source)
+
+
+def fuse_qdq(graph: Graph) -> Graph:
+    """Each act_qdq of a fusable op's (single) output folded into that op's equation."""
+    readers = _readers(graph)
+    merged, dropped = {}, set()
+    for op in FUSED_QDQ:
+        for i, j in _pairs(graph, op, "act_qdq"):
+            y = graph.eqns[i].outputs[0]
+            if len(graph.eqns[i].outputs) == 1:
+                merged[i] = _with_qdq(graph.eqns[i], graph.eqns[j], raw=readers[y.id] > 1)
+                dropped.add(j)
+    return _rewrite(graph, merged, dropped)
+
+
+def fuse(graph: Graph) -> Graph:
+    """Every rewrite above, in order."""
+    return fuse_qdq(fuse_collapse_norm(fuse_expand_pre(graph)))

@@ -1,0 +1,135 @@
+"""Lowering-time fusion (platform/fusion.py, ops/fused.py): which equation pairs merge, when an op's own
+output is kept, and that the fused graph computes the same values as the model's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from dsgraph.graph import TensorType, make_graph
+from dsgraph.graph.serialize import deserialize, serialize
+from dsgraph.ops import op
+from dsgraph.platform.cpu.interpret import run_program
+from dsgraph.platform.cpu.target import PLATFORM as CPU
+from dsgraph.platform.fusion import fuse, fuse_qdq
+from dsgraph.platform.registry import get_platform, lower
+
+X, W = TensorType((3, 64), "bf16"), TensorType((64,), "bf16")
+N, H = 2, 64
+HC = dict(sinkhorn_iters=3, eps=1e-6, norm_eps=1e-6)
+HC_TYPES = (
+    TensorType((3, N, H), "bf16"),  # x
+    TensorType((3, H), "bf16"),  # y, a sublayer's output
+    TensorType((3, N), "f32"),  # a (the pre-mix)
+    TensorType((2 * N + N * N, N * H), "f32"),  # fn
+    TensorType((2 * N + N * N,), "f32"),  # base
+    TensorType((3,), "f32"),  # scale
+    W,  # the norm's weight
+)
+
+
+def _norm_then_qdq(x, w):  # type: ignore[no-untyped-def]
+    y = op.rms_norm(x, w, eps=1e-6)
+    return {"q": op.act_qdq(y, fmt="fp8_g32", out_dtype="bf16")}
+
+
+def _norm_read_twice(x, w):  # type: ignore[no-untyped-def]
+    y = op.rms_norm(x, w, eps=1e-6)
+    return {"q": op.act_qdq(y, fmt="fp8_g32", out_dtype="bf16"), "m": op.act_qdq(y, fmt="mxfp4_g32")}
+
+
+def _sublayer_boundary(x, y, a, fn, base, scale, w):  # type: ignore[no-untyped-def]
+    """The block's pattern: pre-coefficients of x, a sublayer writes back, the next one's coefficients
+    and input (collapse with the earlier pre-mix, norm, quantization)."""
+    pre, post, comb = op.hc_pre(x, fn, base, scale, **HC)
+    x2 = op.hc_expand(y, x, post, comb)
+    pre2, post2, comb2 = op.hc_pre(x2, fn, base, scale, **HC)
+    u = op.rms_norm(op.hc_collapse(x2, pre, out_dtype="bf16"), w, eps=1e-6)
+    return {
+        "q": op.act_qdq(u, fmt="fp8_g32", out_dtype="bf16"),
+        "u": u,
+        "x2": x2,
+        "mix": (pre2, post2, comb2),
+    }
+
+
+def _ops(graph) -> list[str]:  # type: ignore[no-untyped-def]
+    return [e.op for e in graph.eqns]
+
+
+def test_an_op_read_only_by_its_qdq_writes_only_q() -> None:
+    fused = fuse_qdq(make_graph(_norm_then_qdq, X, W))
+    assert _ops(fused) == ["rms_norm_qdq"]
+    (eqn,) = fused.eqns
+    assert eqn.params.raw is False and len(eqn.outputs) == 1
+    assert (eqn.params.eps, eqn.params.qdq_fmt, eqn.params.qdq_dtype) == (1e-6, "fp8_g32", "bf16")
+    assert eqn.outputs[0].type == TensorType((3, 64), "bf16")
+
+
+def test_an_op_read_elsewhere_keeps_its_output_and_one_qdq_folds() -> None:
+    graph = make_graph(_norm_read_twice, X, W)
+    fused = fuse_qdq(graph)
+    assert _ops(fused) == ["rms_norm_qdq", "act_qdq"]
+    first, second = fused.eqns
+    assert first.params.raw is True and first.outputs[0] == graph.eqns[0].outputs[0]
+    assert second.inputs[0] == first.outputs[0] and second.params.fmt == "mxfp4_g32"
+
+
+def test_qdq_of_an_input_or_an_unfusable_op_stays() -> None:
+    graph = make_graph(lambda x: {"q": op.act_qdq(op.cast(x, dtype="f32"), fmt="fp8_g32")}, X)
+    assert fuse(graph) is graph
+    graph = make_graph(lambda x: {"q": op.act_qdq(x, fmt="fp8_g32")}, X)
+    assert fuse(graph) is graph
+
+
+def test_a_sublayer_boundary_becomes_three_equations() -> None:
+    graph = make_graph(_sublayer_boundary, *HC_TYPES)
+    assert _ops(graph) == ["hc_pre", "hc_expand", "hc_pre", "hc_collapse", "rms_norm", "act_qdq"]
+    fused = fuse(graph)
+    assert _ops(fused) == ["hc_pre", "hc_expand_pre", "hc_collapse_norm_qdq"]
+    expand_pre, collapse_norm = fused.eqns[1:]
+    assert expand_pre.outputs == (graph.eqns[1].outputs[0], *graph.eqns[2].outputs)
+    assert collapse_norm.params.raw is True  # u is a graph output too
+    assert (collapse_norm.params.out_dtype, collapse_norm.params.eps) == ("bf16", 1e-6)
+
+
+def test_a_collapse_read_twice_is_not_merged_into_the_norm() -> None:
+    def fn(x, a, w):  # type: ignore[no-untyped-def]
+        c = op.hc_collapse(x, a, out_dtype="bf16")
+        return {"u": op.rms_norm(c, w, eps=1e-6), "c": c}
+
+    graph = make_graph(fn, HC_TYPES[0], HC_TYPES[2], W)
+    assert fuse(graph) is graph
+
+
+def _same_results(graph, args) -> None:  # type: ignore[no-untyped-def]
+    fusing = dataclasses.replace(CPU, fuse=True)
+    plain, fused = lower(graph, CPU), lower(graph, fusing)
+    assert len(fused.steps) < len(plain.steps)
+    want, got = run_program(plain, args), run_program(fused, args)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_the_fused_graphs_compute_the_same_values() -> None:
+    gen = torch.Generator().manual_seed(0)
+    args = [(torch.randn(3, 64, generator=gen) * 3).bfloat16(), torch.rand(64, generator=gen).bfloat16()]
+    for fn in (_norm_then_qdq, _norm_read_twice):
+        _same_results(make_graph(fn, X, W), args)
+    args = [(torch.randn(t.shape, generator=gen)).to(torch.bfloat16 if t.dtype == "bf16" else torch.float32)
+            for t in HC_TYPES]  # fmt: skip
+    args[2] = args[2].abs() + 0.1
+    _same_results(make_graph(_sublayer_boundary, *HC_TYPES), args)
+
+
+def test_the_cuda_platform_fuses_and_the_cpu_platform_does_not() -> None:
+    assert get_platform("cuda").fuse and not get_platform("cpu").fuse
+    assert _ops(lower(make_graph(_norm_then_qdq, X, W), "cpu").graph) == ["rms_norm", "act_qdq"]
+    assert _ops(lower(make_graph(_norm_then_qdq, X, W), "cuda").graph) == ["rms_norm_qdq"]
+
+
+def test_a_fused_graph_serializes() -> None:
+    fused = fuse(make_graph(_sublayer_boundary, *HC_TYPES))
+    assert deserialize(serialize(fused)) == fused
