@@ -45,8 +45,8 @@ def unchecked() -> Iterator[None]:
 
 def real_rows(op: str, seq_ids: Tensor, num_seqs: int) -> tuple[Tensor, Tensor]:
     """(is_real [T] bool, seq [T] int64 with padding rows mapped to sequence 0, safe to index with)."""
-    bad = (seq_ids < -1) | (seq_ids >= num_seqs)
-    if checking() and bool(bad.any()):
+    bad = ((seq_ids < -1) | (seq_ids >= num_seqs)) if checking() else None
+    if bad is not None and bool(bad.any()):
         t = int(bad.nonzero()[0, 0])
         raise IndexError(
             f"{op}: row {t} has seq_id {int(seq_ids[t])}, expected -1 (padding) or 0..{num_seqs - 1}"

@@ -173,10 +173,16 @@ def _cache() -> None:
     paged |= {"seq_ptr": "*i32", "table_ptr": "*i32", "num_blocks": "i32", "block_size": "i32"}
     _compile(cache_tl.paged_write_kernel, {**paged, "table_width": "i32"}, entry, 4)
     rows = {"pos_ptr": "*i32", "seq_ptr": "*i32", "slot_ptr": "*i32"}
-    state = {"state_ptr": "*fp32", "kv_ptr": "*fp32", "gate_ptr": "*fp32", **rows, "last_ptr": "*i64"}
+    state = {"state_ptr": "*fp32", "kv_ptr": "*fp32", "gate_ptr": "*fp32", **rows, "last_ptr": "*i32"}
     state |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
     _compile(cache_tl.compress_state_kernel, state, dict(WIDTH=512, BLOCK=512), 4)
-    pool = {"latent_ptr": "*fp32", "closes_ptr": "*u8", "kv_ptr": "*fp32", "gate_ptr": "*fp32"}
+    pool = {
+        "latent_ptr": "*fp32",
+        "closes_ptr": "*u8",
+        "last_ptr": "*i32",
+        "kv_ptr": "*fp32",
+        "gate_ptr": "*fp32",
+    }
     pool |= {"state_ptr": "*fp32", **rows, "start_ptr": "*i32"}
     pool |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
     _compile(cache_tl.compress_pool_kernel, pool, dict(WIDTH=512, BLOCK=512), 4, fusion=False)

@@ -110,21 +110,35 @@ def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
     return used
 
 
-def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> None:
-    """The cpu rule's ring update: each sequence's rows among the C newest positions of its chunk."""
+def _newest(positions: Tensor, seq_ids: Tensor, num_seqs: int) -> Tensor:
+    """int64 [num_seqs]: each sequence's newest position in the step (-1: none), by torch ops (checks)."""
+    real, seq = seq_ids >= 0, seq_ids.clamp_min(0).long()
+    last = torch.full((max(num_seqs, 1),), -1, dtype=torch.long, device=positions.device)
+    return last.scatter_reduce(0, seq, torch.where(real, positions.long(), -1), "amax")
+
+
+def _check_state_rows(
+    kv: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, ring_len: int
+) -> None:
+    """One write per state ring row (the cpu rule's error)."""
+    real, seq = seq_ids >= 0, seq_ids.clamp_min(0).long()
+    last = _newest(positions, seq_ids, seq_slot.shape[0])
+    pos, slot = positions.long(), per_row(seq_slot, seq, real)
+    rows = (real & (pos > last[seq] - ring_len)).nonzero().squeeze(1)
+    require_unique(
+        "compress", slot[rows] * ring_len + pos[rows] % ring_len, rows, "one compressor state ring row"
+    )
+
+
+def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...], last: Tensor) -> None:
+    """The cpu rule's ring update: each sequence's rows among the C newest positions of its chunk (last:
+    each sequence's newest position, from the pooling kernel)."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     positions, seq_ids, seq_slot, _ = operands
     ring_len, num_seqs = state.shape[1], seq_slot.shape[0]
-    real, seq = seq_ids >= 0, seq_ids.clamp_min(0).long()
-    # Newest position per sequence without a boolean-mask index (that would read the mask on the host).
-    last = torch.full((max(num_seqs, 1),), -1, dtype=torch.long, device=positions.device)
-    last = last.scatter_reduce(0, seq, torch.where(real, positions.long(), -1), "amax")
     if should_check(kv):
-        pos, slot = positions.long(), per_row(seq_slot, seq, real)
-        rows = (real & (pos > last[seq] - ring_len)).nonzero().squeeze(1)
-        index = slot[rows] * ring_len + pos[rows] % ring_len
-        require_unique("compress", index, rows, "one compressor state ring row")
+        _check_state_rows(kv, positions, seq_ids, seq_slot, ring_len)
     width = kv.shape[1]
     K.compress_state_kernel[(kv.shape[0],)](
         state, kv.contiguous(), gate.contiguous(), positions.contiguous(), seq_ids.contiguous(),
@@ -133,20 +147,22 @@ def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor
     )  # fmt: skip
 
 
-def _pool(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
-    """Ratio 2's (latent [T, D] f32, closes [T] bool) in one launch, reading the ring before its update."""
+def _pool(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Ratio 2's (latent [T, D] f32, closes [T] bool, each sequence's newest position [S] i32) in one
+    launch, reading the ring before its update."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     positions, seq_ids, seq_slot, seq_start = (t.contiguous() for t in operands)
     latent = torch.empty_like(kv)
     closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+    last = torch.full((max(seq_slot.shape[0], 1),), -1, dtype=torch.int32, device=kv.device)
     width = kv.shape[1]
     K.compress_pool_kernel[(kv.shape[0],)](
-        latent, closes.view(torch.uint8), kv.contiguous(), gate.contiguous(), state, positions, seq_ids,
+        latent, closes.view(torch.uint8), last, kv.contiguous(), gate.contiguous(), state, positions, seq_ids,
         seq_slot, seq_start, seq_slot.shape[0], state.shape[0], state.shape[1], WIDTH=width,
         BLOCK=_next_pow2(width), num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
-    return latent, closes
+    return latent, closes, last
 
 
 def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
@@ -154,22 +170,25 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     if not runs_kernels(u):
         return rules_cache.compress_into(p, *operands)
     positions, seq_ids, seq_slot, seq_start = step = operands[-4:]
-    real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
+    if should_check(u):
+        real_rows("compress", seq_ids, seq_slot.shape[0])  # its error for a bad seq_id
     kv = _project(u, wkv)
     if p.ratio == 1:
+        real = seq_ids >= 0
         return torch.where(real.unsqueeze(1), kv, 0.0), real
     wgate, state = operands[2], operands[3]
     _require_contiguous(state, "compress", "state")
     if should_check(u):
+        real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
         used = _used_seqs(seq, real, seq_slot.shape[0])
         require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=used)
         closing = real & (positions % 2 == 1)
         rules_cache.check_closing_rows(positions, closing, per_row(seq_start, seq, real), seq)
     gate = _project(u, wgate)
     if not kv.shape[0]:
-        return kv.clone(), real, state
-    latent, closes = _pool(state, kv, gate, step)
-    _write_state(state, kv, gate, step)
+        return kv.clone(), seq_ids >= 0, state
+    latent, closes, last = _pool(state, kv, gate, step)
+    _write_state(state, kv, gate, step, last)
     return latent, closes, state
 
 

@@ -108,6 +108,7 @@ def compress_state_kernel(
 def compress_pool_kernel(
     latent_ptr,
     closes_ptr,
+    last_ptr,
     kv_ptr,
     gate_ptr,
     state_ptr,
@@ -125,12 +126,14 @@ def compress_pool_kernel(
     token is the previous row's (kv, gate), or the ring entry of position - 1 when the chunk starts at
     the row's position; latent = first_kv * w0 + kv * w1 with (w0, w1) the softmax of the two gates in
     f64, rounded to f32 (the cpu rule's invariant.softmax), products and sum in f32. Rows that do not
-    close write zeros. The ring is only read here (its update is compress_state_kernel's, after)."""
+    close write zeros. The ring is only read here (its update is compress_state_kernel's, after, which
+    reads last [S] i32: each sequence's newest position, an atomic max over its real rows from -1)."""
     t = tl.program_id(0)
     seq_id = tl.load(seq_ptr + t)
     s = tl.minimum(tl.maximum(seq_id, 0), tl.maximum(num_seqs - 1, 0))
     real = (seq_id >= 0) & (num_seqs > 0)
     pos = tl.load(pos_ptr + t)
+    tl.atomic_max(last_ptr + s, pos, mask=real, sem="relaxed")
     closes = real & (pos % 2 != 0)
     slot = tl.where(real, tl.load(slot_ptr + s, mask=real, other=0), 0)
     start = tl.where(real, tl.load(start_ptr + s, mask=real, other=0), 0)
