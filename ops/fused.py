@@ -7,6 +7,7 @@ Each computes exactly what its two equations compute, every intermediate rounded
   q = act_qdq(y, fmt=qdq_fmt, out_dtype=qdq_dtype), which reads y as stored (rounded to y's dtype).
 - `hc_expand_pre`: hc_expand, then hc_pre of the streams it wrote (the next sublayer's coefficients).
 - `hc_collapse_norm`: hc_collapse, then rms_norm of the collapsed row (a sublayer's input).
+- `encode_swa_write`, `encode_paged_write`: cache_encode of values, then the cache write of its entries.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from dsgraph.graph.op import NoParams, OpDef, declare_op, get_op, params
 from dsgraph.graph.types import TensorType
 from dsgraph.ops import mhc, moe, nn, rope
-from dsgraph.ops.quant import SAME_DTYPE, ActQdqParams
+from dsgraph.ops.quant import SAME_DTYPE, ActQdqParams, QdqParams
 
 __all__ = ["FUSED_QDQ", "inner_params", "qdq_params"]
 
@@ -78,6 +79,25 @@ class SwigluQdqParams(moe.SwigluParams):
     qdq_fmt: str = "fp8_g32"
     qdq_dtype: str = SAME_DTYPE
     raw: bool = True
+
+
+def _encode_write_rule(write: str) -> Any:
+    def rule(p: QdqParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+        (entries,) = get_op("cache_encode").infer(p, ts[1:2])
+        return get_op(write).infer(NoParams(), (ts[0], entries, *ts[2:]))
+
+    return rule
+
+
+for _write in ("swa_write", "paged_write"):
+    declare_op(
+        f"encode_{_write}",
+        QdqParams,
+        _encode_write_rule(_write),
+        f"operands as {_write}'s with `values [tokens, d] f32|bf16|f16` in place of its entries -> as "
+        f"{_write}'s: {_write} of cache_encode(values, fmt) (ops/cache.py, ops/quant.py).",
+        num_inputs=6,
+    )
 
 
 @params

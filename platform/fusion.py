@@ -7,7 +7,9 @@ merge, in order:
 1. `hc_expand` and the `hc_pre` of the streams it wrote -> `hc_expand_pre` (at the expand's place; the
    pre's weights are graph inputs);
 2. `hc_collapse` read only by an `rms_norm` -> `hc_collapse_norm` (at the norm's place);
-3. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
+3. `cache_encode` read only by a `swa_write` / `paged_write` -> `encode_swa_write` /
+   `encode_paged_write` (at the write's place);
+4. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
    anything else reads it (`raw`). One act_qdq folds per op (CSE leaves at most one per format).
 """
 
@@ -37,13 +39,13 @@ def _defined_before(graph: Graph, index: int) -> set[int]:
     return ids
 
 
-def _pairs(graph: Graph, first: str, second: str) -> list[tuple[int, int]]:
-    """(i, j): equation j (op `second`) reads the first output of equation i (op `first`) as operand 0,
+def _pairs(graph: Graph, first: str, second: str, operand: int = 0) -> list[tuple[int, int]]:
+    """(i, j): equation j (op `second`) reads the first output of equation i (op `first`) as `operand`,
     each equation in one pair at most."""
     made = {e.outputs[0].id: i for i, e in enumerate(graph.eqns) if e.op == first}
     pairs, used = [], set()
     for j, e in enumerate(graph.eqns):
-        x = e.inputs[0] if e.op == second and e.inputs else None
+        x = e.inputs[operand] if e.op == second and len(e.inputs) > operand else None
         i = made.get(x.id) if isinstance(x, Var) else None
         if i is not None and i not in used:
             pairs.append((i, j))
@@ -84,6 +86,20 @@ def fuse_collapse_norm(graph: Graph) -> Graph:
     return _rewrite(graph, merged, dropped)
 
 
+def fuse_encode_write(graph: Graph) -> Graph:
+    readers = _readers(graph)
+    merged, dropped = {}, set()
+    for write in ("swa_write", "paged_write"):
+        for i, j in _pairs(graph, "cache_encode", write, operand=1):
+            encode, cache_write = graph.eqns[i], graph.eqns[j]
+            if readers[encode.outputs[0].id] != 1:
+                continue
+            inputs = (cache_write.inputs[0], encode.inputs[0], *cache_write.inputs[2:])
+            merged[j] = Eqn(f"encode_{write}", inputs, cache_write.outputs, encode.params, cache_write.source)
+            dropped.add(i)
+    return _rewrite(graph, merged, dropped)
+
+
 def _with_qdq(producer: Eqn, qdq: Eqn, raw: bool) -> Eqn:
     name = FUSED_QDQ[producer.op]
     fields = {f.name: getattr(producer.params, f.name) for f in dataclasses.fields(producer.params)}
@@ -107,4 +123,4 @@ def fuse_qdq(graph: Graph) -> Graph:
 
 def fuse(graph: Graph) -> Graph:
     """Every rewrite above, in order."""
-    return fuse_qdq(fuse_collapse_norm(fuse_expand_pre(graph)))
+    return fuse_qdq(fuse_encode_write(fuse_collapse_norm(fuse_expand_pre(graph))))

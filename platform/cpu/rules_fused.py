@@ -11,7 +11,7 @@ from dsgraph.graph.op import NoParams
 from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params
 from dsgraph.ops.mhc import HcCollapseParams
 from dsgraph.ops.nn import RMSNormParams
-from dsgraph.platform.cpu import rules_quant
+from dsgraph.platform.cpu import rules_cache, rules_quant
 from dsgraph.platform.cpu.rules_core import rms_norm
 from dsgraph.platform.cpu.rules_mhc import hc_collapse, hc_expand, hc_pre
 from dsgraph.platform.cpu.rules_moe import swiglu
@@ -26,6 +26,14 @@ def hc_expand_pre(p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor, *pre
 def hc_collapse_norm(p: Any, x: Tensor, a: Tensor, w: Tensor) -> Tensor:
     row = hc_collapse(HcCollapseParams(out_dtype=p.out_dtype), x, a)
     return rms_norm(RMSNormParams(eps=p.eps), row, w)
+
+
+def encode_swa_write(p: Any, ring: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
+    return rules_cache.swa_write(None, ring, rules_quant.cache_encode(p, values), *operands)
+
+
+def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
+    return rules_cache.paged_write(None, pool, rules_quant.cache_encode(p, values), *operands)
 
 
 def then_qdq(p: Any, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
@@ -46,5 +54,7 @@ _PRODUCERS = {"rms_norm": rms_norm, "rope": rope, "swiglu": swiglu, "hc_collapse
 RULES: dict[str, Any] = {
     "hc_expand_pre": hc_expand_pre,
     "hc_collapse_norm": hc_collapse_norm,
+    "encode_swa_write": encode_swa_write,
+    "encode_paged_write": encode_paged_write,
     **{FUSED_QDQ[name]: _fused(rule) for name, rule in _PRODUCERS.items()},
 }

@@ -36,6 +36,8 @@ def _compress_state(eqn: Eqn) -> tuple[tuple[int, int], ...]:
 INPLACE: dict[str, Any] = {
     "swa_write": lambda _eqn: ((0, 0),),
     "paged_write": lambda _eqn: ((0, 0),),
+    "encode_swa_write": lambda _eqn: ((0, 0),),
+    "encode_paged_write": lambda _eqn: ((0, 0),),
     "compress": _compress_state,
     "window_compress": lambda _eqn: ((4, 2),),
 }

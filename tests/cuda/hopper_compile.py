@@ -168,10 +168,22 @@ def _cache() -> None:
     entry = dict(ENTRY_BYTES=528, BLOCK=1024)
     step = {"pos_ptr": "*i32", "seq_ptr": "*i32", "slot_ptr": "*i32", "end_ptr": "*i32"}
     swa = {"ring_ptr": "*u8", "entries_ptr": "*u8", **step, "num_slots": "i32", "ring_len": "i32"}
-    _compile(cache_tl.swa_write_kernel, swa, entry, 4)
+    copy = dict(ENCODE=False, D=1, FMT=0, GROUP=1, BLOCK_G=1)
+    _compile(cache_tl.swa_write_kernel, swa, {**entry, **copy}, 4)
+    # the fused encode_swa_write: the SWA ring's FP8 entries of 512 values from bf16
+    encode = dict(ENCODE=True, D=512, FMT=0, GROUP=32, BLOCK_G=16)
+    _compile(cache_tl.swa_write_kernel, {**swa, "entries_ptr": "*bf16"}, {**entry, **encode}, 4)
     paged = {"pool_ptr": "*u8", "entries_ptr": "*u8", "entry_ptr": "*i32", "valid_ptr": "*u8"}
     paged |= {"seq_ptr": "*i32", "table_ptr": "*i32", "num_blocks": "i32", "block_size": "i32"}
-    _compile(cache_tl.paged_write_kernel, {**paged, "table_width": "i32"}, entry, 4)
+    _compile(cache_tl.paged_write_kernel, {**paged, "table_width": "i32"}, {**entry, **copy}, 4)
+    # encode_paged_write: NVFP4 compressed entries (512) and MXFP4 index keys (128)
+    for fmt, group, width in ((3, 16, 512), (1, 32, 128)):
+        encode = dict(ENCODE=True, D=width, FMT=fmt, GROUP=group, BLOCK_G=16)
+        size = width // 2 + width // group
+        meta = dict(ENTRY_BYTES=size, BLOCK=1 << (size - 1).bit_length(), **encode)
+        _compile(
+            cache_tl.paged_write_kernel, {**paged, "entries_ptr": "*bf16", "table_width": "i32"}, meta, 4
+        )
     rows = {"pos_ptr": "*i32", "seq_ptr": "*i32", "slot_ptr": "*i32"}
     state = {"state_ptr": "*fp32", "kv_ptr": "*fp32", "gate_ptr": "*fp32", **rows, "last_ptr": "*i32"}
     state |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}

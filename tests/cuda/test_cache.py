@@ -121,6 +121,58 @@ def test_the_cuda_platform_runs_these_rules_in_place() -> None:
         assert PLATFORM.rules[op] is cache.RULES[op] and op in INPLACE, op
 
 
+ENCODINGS = ("fp8_g32", "mxfp4_g32", "nvfp4_g16_recip")
+
+
+def _with_values(
+    args: list[torch.Tensor], fmt: str, seed: int, specials: bool = True
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The write's operands with 64-wide bf16 values in place of its entries and a cache of fmt's entries
+    (the values with a NaN, infinities and a -0 unless not `specials`), and the same with those values
+    encoded (cache_encode)."""
+    from dsgraph.ops.quant import QdqParams, entry_bytes
+    from dsgraph.platform.cuda.kernels import quant_act
+
+    rows = args[1].shape[0]
+    values = (torch.randn(rows, 64, generator=torch.Generator().manual_seed(seed)) * 3).bfloat16()
+    if specials:
+        values[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    cache_rows = _bytes(*args[0].shape[:2], entry_bytes(fmt, 64), seed=seed + 1)
+    fused = [cache_rows, values, *args[2:]]
+    encoded = quant_act.cache_encode(QdqParams(fmt=fmt), values.to(DEVICE)).cpu()
+    return fused, [cache_rows.clone(), encoded, *args[2:]]
+
+
+@pytest.mark.parametrize("checked", [True, False])
+@pytest.mark.parametrize("fmt", ENCODINGS)
+def test_encoding_writes_are_encode_then_write(fmt: str, checked: bool) -> None:
+    """encode_swa_write / encode_paged_write (ops/fused.py): the bytes of cache_encode's kernel then the
+    write's, in place, non-finite values included; and the cpu meaning's bytes (finite values: a NaN's
+    sign bit is the platform's)."""
+    from dsgraph.ops.quant import QdqParams
+    from dsgraph.platform.cpu import rules_fused
+
+    p = QdqParams(fmt=fmt)
+    for name, operands, write in (
+        ("swa", _swa_operands(), cache.swa_write),
+        ("paged", _paged_operands(), cache.paged_write),
+    ):
+        fused, encoded = _with_values(operands, fmt, seed=len(name))
+        want = write(None, *on_device(encoded))
+        target = fused[0].to(DEVICE)
+        rule = getattr(cache, f"encode_{name}_write")
+        if checked:
+            got = rule(p, target, *on_device(fused[1:]))
+        else:
+            with unchecked():
+                got = rule(p, target, *on_device(fused[1:]))
+        assert got is target and torch.equal(got.cpu(), want.cpu()), f"{name} {fmt}"
+        fused, encoded = _with_values(operands, fmt, seed=len(name), specials=False)
+        got = rule(p, fused[0].to(DEVICE), *on_device(fused[1:]))
+        cpu_rule = getattr(rules_fused, f"encode_{name}_write")
+        assert torch.equal(cpu_rule(p, *fused), got.cpu()), f"{name} {fmt} vs the cpu rules"
+
+
 def _compress_operands(ratio: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """Sequence 0: a chunk at positions 3..7 (its first row closes a group with the state's position 2);
     sequence 1: positions 0, 1; a padding row. State ring of 3 positions per slot."""

@@ -63,12 +63,19 @@ def test_every_op_of_the_tiny_graphs_lowers_on_cuda(tiny, shape: tuple[int, int,
     fused = fuse(graph)
     assert {s.eqn.op for s in program.steps} == {e.op for e in fused.eqns}
     assert len(program.steps) == len(fused.eqns) < len(graph.eqns)
-    want = {"rms_norm_qdq", "rope_qdq", "swiglu_qdq", "hc_expand_pre", "hc_collapse_norm_qdq"}
+    want = {
+        "rms_norm_qdq",
+        "rope_qdq",
+        "swiglu_qdq",
+        "hc_expand_pre",
+        "hc_collapse_norm_qdq",
+        "encode_swa_write",
+    }
     assert want <= {e.op for e in fused.eqns}
     check_inplace(program.graph, get_platform("cuda"))
     # the ring write of each layer now follows the attention that reads the old ring
     order = [s.eqn.op for s in program.steps]
-    assert order.index("swa_write") > order.index("attention")
+    assert order.index("encode_swa_write") > order.index("attention")
     assert "program v41_step" in program.as_text()
 
 

@@ -103,6 +103,23 @@ def test_a_collapse_read_twice_is_not_merged_into_the_norm() -> None:
     assert fuse(graph) is graph
 
 
+def test_an_encoding_read_only_by_its_cache_write_is_merged_into_it() -> None:
+    ring, values = TensorType((2, 4, 66), "u8"), TensorType((3, 64), "bf16")
+    i32 = TensorType((3,), "i32")
+
+    def fn(ring, values, positions, seq_ids, seq_slot, seq_end):  # type: ignore[no-untyped-def]
+        entries = op.cache_encode(values, fmt="fp8_g32")
+        return {"ring": op.swa_write(ring, entries, positions, seq_ids, seq_slot, seq_end)}
+
+    types = (ring, values, i32, i32, TensorType((2,), "i32"), TensorType((2,), "i32"))
+    graph = make_graph(fn, *types)
+    fused = fuse(graph)
+    assert _ops(fused) == ["encode_swa_write"]
+    (eqn,) = fused.eqns
+    assert eqn.params.fmt == "fp8_g32" and eqn.inputs[1] == graph.inputs[1]
+    assert eqn.outputs == graph.eqns[1].outputs
+
+
 def _same_results(graph, args) -> None:  # type: ignore[no-untyped-def]
     fusing = dataclasses.replace(CPU, fuse=True)
     plain, fused = lower(graph, CPU), lower(graph, fusing)

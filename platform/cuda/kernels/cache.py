@@ -1,7 +1,8 @@
-"""cuda rules of `swa_write`, `paged_write` and `compress` (dsgraph.ops.cache). The cache writes are
-Triton row copies into the cache operand, in place (the cuda platform's INPLACE contract: the rule
-writes operand 0 and returns it), with no host sync and no data-dependent shape, so a step that writes
-caches stays one CUDA graph.
+"""cuda rules of `swa_write`, `paged_write` and `compress` (dsgraph.ops.cache), and of the fused
+`encode_swa_write` / `encode_paged_write` (ops/fused.py: the write kernels encoding each row's values as
+cache_encode's kernel does). The cache writes are Triton row copies into the cache operand, in place
+(the cuda platform's INPLACE contract: the rule writes operand 0 and returns it), with no host sync
+and no data-dependent shape, so a step that writes caches stays one CUDA graph.
 
 Checks (seq_ids, ring slots / entry placement, one write per cache row) raise the cpu rules' errors
 unless `step_rows.unchecked()` is active or a CUDA graph is being captured; unchecked, a row whose
@@ -20,7 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dsgraph.graph.op import NoParams
 from dsgraph.ops.nn import LinearParams
+from dsgraph.ops.quant import GROUP_SIZES
+from dsgraph.ops.quant import entry_bytes as entry_size
 from dsgraph.platform.cpu import rules_cache
 from dsgraph.platform.cpu.step_rows import (
     per_row,
@@ -29,6 +33,7 @@ from dsgraph.platform.cpu.step_rows import (
     require_unique,
     rowwise_linear,
 )
+from dsgraph.platform.cuda.kernels import quant_act
 from dsgraph.platform.cuda.kernels.attention import runs_kernels, should_check
 
 NUM_WARPS = 4
@@ -44,6 +49,43 @@ def _require_contiguous(cache: Tensor, op: str, what: str) -> None:
         raise ValueError(f"{op}: {what} {tuple(cache.shape)} is not contiguous, expected a contiguous buffer")
 
 
+# the kernels' arguments for copying entry bytes (no encoding)
+_COPY = dict(ENCODE=False, D=1, FMT=0, GROUP=1, BLOCK_G=1)
+BLOCK_G = 16  # groups per step of an encoding write
+
+
+def _encoding(fmt: str, values: Tensor, entry_bytes: int) -> dict[str, Any] | None:
+    """The write kernels' arguments for encoding `values` [rows, D] in `fmt` (cache_encode's kernel), or
+    None where that kernel does not apply (the rule then encodes, then writes)."""
+    from dsgraph.platform.cuda.kernels.quant_act import FORMATS
+
+    width = values.shape[-1]
+    if (
+        fmt not in FORMATS
+        or values.dim() != 2
+        or width % GROUP_SIZES[fmt]
+        or entry_bytes != entry_size(fmt, width)
+    ):
+        return None
+    return dict(ENCODE=True, D=width, FMT=FORMATS[fmt], GROUP=GROUP_SIZES[fmt], BLOCK_G=BLOCK_G)
+
+
+def _launch_swa(ring: Tensor, src: Tensor, *step: Tensor, entry_bytes: int, how: dict) -> Tensor:
+    """swa_write_kernel: src holds the entries (copied) or the values (encoded, `how`)."""
+    positions, seq_ids, seq_slot, seq_end = step
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    _require_contiguous(ring, "swa_write", "ring")
+    if should_check(src):
+        rules_cache.check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
+    if src.shape[0] and seq_slot.shape[0]:
+        K.swa_write_kernel[(src.shape[0],)](
+            ring, src.contiguous(), positions, seq_ids, seq_slot, seq_end, ring.shape[0], ring.shape[1],
+            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), **how, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return ring
+
+
 def swa_write(
     p: Any,
     ring: Tensor,
@@ -55,18 +97,33 @@ def swa_write(
 ) -> Tensor:
     if not runs_kernels(entries):
         return rules_cache.swa_write_into(p, ring, entries, positions, seq_ids, seq_slot, seq_end)
+    step = (positions, seq_ids, seq_slot, seq_end)
+    return _launch_swa(ring, entries, *step, entry_bytes=entries.shape[1], how=_COPY)
+
+
+def encode_swa_write(p: Any, ring: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
+    """cache_encode, then swa_write of its entries, in one launch (ops/fused.py)."""
+    how = _encoding(p.fmt, values, ring.shape[2]) if runs_kernels(values) else None
+    if how is None:
+        return swa_write(NoParams(), ring, quant_act.cache_encode(p, values), *operands)
+    return _launch_swa(ring, values, *operands, entry_bytes=ring.shape[2], how=how)
+
+
+def _launch_paged(pool: Tensor, src: Tensor, *step: Tensor, entry_bytes: int, how: dict) -> Tensor:
+    """paged_write_kernel: src holds the entries (copied) or the values (encoded, `how`)."""
+    entry_ids, valid, seq_ids, block_table = step
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
-    _require_contiguous(ring, "swa_write", "ring")
-    if should_check(entries):
-        rules_cache.check_swa_write(ring, positions, seq_ids, seq_slot, seq_end)
-    rows, entry_bytes = entries.shape
-    if rows and seq_slot.shape[0]:
-        K.swa_write_kernel[(rows,)](
-            ring, entries.contiguous(), positions, seq_ids, seq_slot, seq_end, ring.shape[0], ring.shape[1],
-            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), num_warps=NUM_WARPS,
+    _require_contiguous(pool, "paged_write", "pool")
+    if should_check(src):
+        rules_cache.check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
+    if src.shape[0] and block_table.shape[0]:
+        K.paged_write_kernel[(src.shape[0],)](
+            pool, src.contiguous(), entry_ids, valid.contiguous().view(torch.uint8), seq_ids,
+            block_table.contiguous(), pool.shape[0], pool.shape[1], block_table.shape[1],
+            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), **how, num_warps=NUM_WARPS,
         )  # fmt: skip
-    return ring
+    return pool
 
 
 def paged_write(
@@ -80,19 +137,16 @@ def paged_write(
 ) -> Tensor:
     if not runs_kernels(entries):
         return rules_cache.paged_write_into(p, pool, entries, entry_ids, valid, seq_ids, block_table)
-    from dsgraph.platform.cuda.kernels import cache_tl as K
+    step = (entry_ids, valid, seq_ids, block_table)
+    return _launch_paged(pool, entries, *step, entry_bytes=entries.shape[1], how=_COPY)
 
-    _require_contiguous(pool, "paged_write", "pool")
-    if should_check(entries):
-        rules_cache.check_paged_write(pool, entry_ids, valid, seq_ids, block_table)
-    rows, entry_bytes = entries.shape
-    if rows and block_table.shape[0]:
-        K.paged_write_kernel[(rows,)](
-            pool, entries.contiguous(), entry_ids, valid.contiguous().view(torch.uint8), seq_ids,
-            block_table.contiguous(), pool.shape[0], pool.shape[1], block_table.shape[1],
-            ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), num_warps=NUM_WARPS,
-        )  # fmt: skip
-    return pool
+
+def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
+    """cache_encode, then paged_write of its entries, in one launch (ops/fused.py)."""
+    how = _encoding(p.fmt, values, pool.shape[2]) if runs_kernels(values) else None
+    if how is None:
+        return paged_write(NoParams(), pool, quant_act.cache_encode(p, values), *operands)
+    return _launch_paged(pool, values, *operands, entry_bytes=pool.shape[2], how=how)
 
 
 def _project(u: Tensor, w: Tensor) -> Tensor:
@@ -192,12 +246,20 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     return latent, closes, state
 
 
-RULES: dict[str, Any] = {"swa_write": swa_write, "paged_write": paged_write, "compress": compress}
+RULES: dict[str, Any] = {
+    "swa_write": swa_write,
+    "paged_write": paged_write,
+    "encode_swa_write": encode_swa_write,
+    "encode_paged_write": encode_paged_write,
+    "compress": compress,
+}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); compress
 # projects through the linear kernel and (ratio 2) pools, then writes its state ring
 KERNELS: dict[str, tuple[str, ...]] = {
     "swa_write": ("cache_tl.swa_write_kernel",),
     "paged_write": ("cache_tl.paged_write_kernel",),
+    "encode_swa_write": ("cache_tl.swa_write_kernel", "quant_act_tl.encode_kernel"),
+    "encode_paged_write": ("cache_tl.paged_write_kernel", "quant_act_tl.encode_kernel"),
     "compress": (
         "linear_tl.linear_kernel",
         "cache_tl.compress_pool_kernel",

@@ -1,5 +1,6 @@
 """Triton kernels of `swa_write`, `paged_write` and `compress`: one program copies one row's entry bytes
-into its cache row, or writes nothing (padding row, a row the op skips, a target out of range); compress's
+into its cache row (or, for the fused `encode_*_write` ops, encodes the row's values there), or writes
+nothing (padding row, a row the op skips, a target out of range); compress's
 ratio-2 pooling and its state ring update are one program per row each.
 Importing this module imports triton; cache.py imports it lazily.
 """
@@ -9,21 +10,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels.quant_act_tl import encode_groups
+
 
 @triton.jit
 def swa_write_kernel(
-    ring_ptr,
-    entries_ptr,
-    pos_ptr,
-    seq_ptr,
-    slot_ptr,
-    end_ptr,
-    num_slots,
-    ring_len,
-    ENTRY_BYTES: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Grid (rows,): row t (sequence s, position p) -> ring[seq_slot[s], p % R] when p >= seq_end[s] - R."""
+    ring_ptr, entries_ptr, pos_ptr, seq_ptr, slot_ptr, end_ptr, num_slots, ring_len,
+    ENTRY_BYTES: tl.constexpr, BLOCK: tl.constexpr, ENCODE: tl.constexpr, D: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows,): row t (sequence s, position p) -> ring[seq_slot[s], p % R] when p >= seq_end[s] - R.
+    ENCODE (encode_swa_write): entries_ptr holds the values [rows, D], encoded here (`_write_row`)."""
     t = tl.program_id(0)
     seq = tl.load(seq_ptr + t)
     real = seq >= 0
@@ -33,27 +30,18 @@ def swa_write_kernel(
     end = tl.load(end_ptr + s, mask=real, other=0)
     keep = real & (p >= end - ring_len) & (slot >= 0) & (slot < num_slots)
     target = (tl.where(keep, slot, 0).to(tl.int64) * ring_len + tl.maximum(p, 0) % ring_len) * ENTRY_BYTES
-    b = tl.arange(0, BLOCK)
-    mask = keep & (b < ENTRY_BYTES)
-    data = tl.load(entries_ptr + t.to(tl.int64) * ENTRY_BYTES + b, mask=mask, other=0)
-    tl.store(ring_ptr + target + b, data, mask=mask)
+    dst, row = ring_ptr + target, t.to(tl.int64)
+    _write_row(dst, entries_ptr, row, keep, ENTRY_BYTES, BLOCK, ENCODE, D, FMT, GROUP, BLOCK_G)
 
 
 @triton.jit
 def paged_write_kernel(
-    pool_ptr,
-    entries_ptr,
-    entry_ptr,
-    valid_ptr,
-    seq_ptr,
-    table_ptr,
-    num_blocks,
-    block_size,
-    table_width,
-    ENTRY_BYTES: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Grid (rows,): a valid real row's entry g -> pool[block_table[s, g // bs], g % bs]."""
+    pool_ptr, entries_ptr, entry_ptr, valid_ptr, seq_ptr, table_ptr, num_blocks, block_size, table_width,
+    ENTRY_BYTES: tl.constexpr, BLOCK: tl.constexpr, ENCODE: tl.constexpr, D: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows,): a valid real row's entry g -> pool[block_table[s, g // bs], g % bs]. ENCODE
+    (encode_paged_write): entries_ptr holds the values [rows, D], encoded here (`_write_row`)."""
     t = tl.program_id(0)
     seq = tl.load(seq_ptr + t)
     g = tl.load(entry_ptr + t)
@@ -63,10 +51,27 @@ def paged_write_kernel(
     block = tl.load(table_ptr + s.to(tl.int64) * table_width + column, mask=inside, other=-1)
     keep = inside & (block >= 0) & (block < num_blocks)
     row = tl.where(keep, block, 0).to(tl.int64) * block_size + tl.where(keep, g, 0) % block_size
-    b = tl.arange(0, BLOCK)
-    mask = keep & (b < ENTRY_BYTES)
-    data = tl.load(entries_ptr + t.to(tl.int64) * ENTRY_BYTES + b, mask=mask, other=0)
-    tl.store(pool_ptr + row * ENTRY_BYTES + b, data, mask=mask)
+    dst = pool_ptr + row * ENTRY_BYTES
+    _write_row(dst, entries_ptr, t.to(tl.int64), keep, ENTRY_BYTES, BLOCK, ENCODE, D, FMT, GROUP, BLOCK_G)
+
+
+@triton.jit
+def _write_row(
+    dst, src_ptr, t, keep, ENTRY_BYTES: tl.constexpr, BLOCK: tl.constexpr, ENCODE: tl.constexpr,
+    D: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+) -> None:  # fmt: skip
+    """Row t's entry into the cache row at dst when `keep`: its bytes copied from entries [rows,
+    ENTRY_BYTES], or (ENCODE) its values [rows, D] encoded in format FMT by quant_act_tl.encode_groups
+    (cache_encode's kernel: the same bytes)."""
+    if ENCODE:
+        GROUPS: tl.constexpr = D // GROUP
+        for g0 in tl.static_range(0, GROUPS, BLOCK_G):
+            g = g0 + tl.arange(0, BLOCK_G)
+            encode_groups(src_ptr + t * D, dst, g, keep & (g < GROUPS), D, FMT, GROUP)
+    else:
+        b = tl.arange(0, BLOCK)
+        mask = keep & (b < ENTRY_BYTES)
+        tl.store(dst + b, tl.load(src_ptr + t * ENTRY_BYTES + b, mask=mask, other=0), mask=mask)
 
 
 @triton.jit

@@ -116,25 +116,31 @@ def encode_kernel(
     """Grid (rows, cdiv(D / GROUP, BLOCK_G)): x [rows, D] -> entries [rows, ENTRY] uint8 (cache_format)."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    inside = g < D // GROUP
+    encode_groups(x_ptr + row * D, out_ptr + row * ENTRY, g, g < D // GROUP, D, FMT, GROUP)
+
+
+@triton.jit
+def encode_groups(x_row, out_row, g, inside, D: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr) -> None:
+    """Groups g (those `inside` only) of the row at x_row [D] -> their bytes in the entry at out_row:
+    the values first, then one scale byte per group (cache_format's layout)."""
     if FMT == 0:
         cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        x = tl.load(x_ptr + row * D + cols, mask=inside[:, None], other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols, mask=inside[:, None], other=0.0).to(tl.float32)
         q, scale = fp8_g32_quantize(x)
-        tl.store(out_ptr + row * ENTRY + cols, q.to(tl.uint8, bitcast=True), mask=inside[:, None])
+        tl.store(out_row + cols, q.to(tl.uint8, bitcast=True), mask=inside[:, None])
         byte = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
-        tl.store(out_ptr + row * ENTRY + D + g, byte, mask=inside)
+        tl.store(out_row + D + g, byte, mask=inside)
     else:
         half = g[:, None] * (GROUP // 2) + tl.arange(0, GROUP // 2)[None, :]
-        x0 = tl.load(x_ptr + row * D + 2 * half, mask=inside[:, None], other=0.0).to(tl.float32)
-        x1 = tl.load(x_ptr + row * D + 2 * half + 1, mask=inside[:, None], other=0.0).to(tl.float32)
+        x0 = tl.load(x_row + 2 * half, mask=inside[:, None], other=0.0).to(tl.float32)
+        x1 = tl.load(x_row + 2 * half + 1, mask=inside[:, None], other=0.0).to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1))
         scale, factor = _group_scale(amax, FMT)
         c0 = _e2m1_code(_normalize(x0, scale, factor, FMT))
         c1 = _e2m1_code(_normalize(x1, scale, factor, FMT))
-        tl.store(out_ptr + row * ENTRY + half, (c0 | (c1 << 4)).to(tl.uint8), mask=inside[:, None])
+        tl.store(out_row + half, (c0 | (c1 << 4)).to(tl.uint8), mask=inside[:, None])
         if FMT == 1:
             byte = ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF).to(tl.uint8)
         else:
             byte = scale.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        tl.store(out_ptr + row * ENTRY + D // 2 + g, byte, mask=inside)
+        tl.store(out_row + D // 2 + g, byte, mask=inside)
