@@ -36,9 +36,10 @@ def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) 
     return rules_cache.paged_write(None, pool, rules_quant.cache_encode(p, values), *operands)
 
 
-def then_qdq(p: Any, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-    """A `<op>_qdq` op's outputs from its op's output y: (y, q), or q alone without `raw`."""
-    q = rules_quant.act_qdq(qdq_params(p), y)
+def then_qdq(p: Any, y: Tensor, act_qdq: Any = rules_quant.act_qdq) -> Tensor | tuple[Tensor, Tensor]:
+    """A `<op>_qdq` op's outputs from its op's output y by `act_qdq` (a platform's rule of that op):
+    (y, q), or q alone without `raw`."""
+    q = act_qdq(qdq_params(p), y)
     return (y, q) if p.raw else q
 
 

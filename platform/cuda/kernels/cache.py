@@ -171,9 +171,7 @@ def _newest(positions: Tensor, seq_ids: Tensor, num_seqs: int) -> Tensor:
     return last.scatter_reduce(0, seq, torch.where(real, positions.long(), -1), "amax")
 
 
-def _check_state_rows(
-    kv: Tensor, positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, ring_len: int
-) -> None:
+def _check_state_rows(positions: Tensor, seq_ids: Tensor, seq_slot: Tensor, ring_len: int) -> None:
     """One write per state ring row (the cpu rule's error)."""
     real, seq = seq_ids >= 0, seq_ids.clamp_min(0).long()
     last = _newest(positions, seq_ids, seq_slot.shape[0])
@@ -192,7 +190,7 @@ def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor
     positions, seq_ids, seq_slot, _ = operands
     ring_len, num_seqs = state.shape[1], seq_slot.shape[0]
     if should_check(kv):
-        _check_state_rows(kv, positions, seq_ids, seq_slot, ring_len)
+        _check_state_rows(positions, seq_ids, seq_slot, ring_len)
     width = kv.shape[1]
     K.compress_state_kernel[(kv.shape[0],)](
         state, kv.contiguous(), gate.contiguous(), positions.contiguous(), seq_ids.contiguous(),
@@ -224,16 +222,16 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     if not runs_kernels(u):
         return rules_cache.compress_into(p, *operands)
     positions, seq_ids, seq_slot, seq_start = step = operands[-4:]
-    if should_check(u):
-        real_rows("compress", seq_ids, seq_slot.shape[0])  # its error for a bad seq_id
+    checked = should_check(u)
+    if checked:  # its error for a bad seq_id; the rows' sequences for the checks below
+        real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
     kv = _project(u, wkv)
     if p.ratio == 1:
         real = seq_ids >= 0
         return torch.where(real.unsqueeze(1), kv, 0.0), real
     wgate, state = operands[2], operands[3]
     _require_contiguous(state, "compress", "state")
-    if should_check(u):
-        real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
+    if checked:
         used = _used_seqs(seq, real, seq_slot.shape[0])
         require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=used)
         closing = real & (positions % 2 == 1)

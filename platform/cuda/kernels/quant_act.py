@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.ops.quant import GROUP_SIZES, SAME_DTYPE, entry_bytes
-from dsgraph.platform.cpu import rules_quant
+from dsgraph.platform.cpu import rules_fused, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 from dsgraph.platform.cuda.kernels.mhc import triton_cdiv, triton_dtype
@@ -92,10 +92,7 @@ def no_epilogue(y: Tensor) -> dict[str, Any]:
 
 def then_qdq(p: Any, y: Tensor) -> Tensor | tuple[Tensor, Tensor]:
     """A fused op's outputs from its producer's result y by a launch of its own (act_qdq's rule)."""
-    from dsgraph.ops.fused import qdq_params
-
-    q = act_qdq(qdq_params(p), y)
-    return (y, q) if p.raw else q
+    return rules_fused.then_qdq(p, y, act_qdq)
 
 
 RULES: dict[str, Any] = {"act_qdq": act_qdq, "cache_encode": cache_encode}
