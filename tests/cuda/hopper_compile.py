@@ -263,9 +263,9 @@ def _fused() -> None:
         _without_spills(
             quant_act_tl.encode_kernel, {"x_ptr": bf16, "out_ptr": "*u8"}, {**shape, "ENTRY": entry}
         )
-    # FP8-g32 GEMM inputs held in f32: the shared expert's w2 input, stored in bf16 for the GEMM, and
-    # wo_b's, kept in f32
-    for width, out in ((2048, tl.bfloat16), (8192, tl.float32)):
+    # FP8-g32 GEMM inputs held in f32 and stored in bf16 for the GEMM (the shared expert's w2 input,
+    # wo_b's), and an f32 output (out_dtype same)
+    for width, out in ((2048, tl.bfloat16), (8192, tl.bfloat16), (8192, tl.float32)):
         shape = dict(D=width, FMT=0, GROUP=32, BLOCK_G=16, OUT=out)
         out_ptr = bf16 if out == tl.bfloat16 else f32
         _without_spills(quant_act_tl.qdq_kernel, {"x_ptr": f32, "out_ptr": out_ptr}, shape)
@@ -364,7 +364,7 @@ def _moe_swap(variants: list[Any]) -> None:
 def _linear(every: bool) -> None:
     """The linear kernels (platform/cuda/kernels/linear.py) at V4.1's widths, without register spills: for
     FP8 weights every TILE_TABLE entry on each activation path serving uses (bf16, FP8-g32 qdq'ed before
-    the GEMM included, and wo_b's f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE
+    the GEMM included, and f32 split into bf16 pieces), for dense weights every DENSE_TILE_TABLE
     entry; `every` adds the sweep's candidates (tools/bench/linear_sweep.py)."""
     from dsgraph.platform.cuda.kernels import linear as rule
     from dsgraph.platform.cuda.kernels import linear_bf16_tl as bf16

@@ -6,7 +6,8 @@ linear.tiles_for picks, the weight's k_splits) and the Gluon kernel at every CON
 bf16 operands (the graphs quantize a GEMM input with its own act_qdq first), in CUDA graphs over enough
 weight copies to pass the L2 cache. Each figure: time, weight bytes / time as a fraction of the copy rate
 measured in the same run, the speed-up over the default and whether the output bits are equal (they must
-be: the same arithmetic). `attn.wo_b bf16` is wo_b with its bf16 input (the graphs' since b87122d).
+be: the same arithmetic). `attn.wo_b f32` is wo_b with an f32 input split into three bf16 pieces (the
+graphs' before b87122d; the JSON at 908dd6e names them `attn.wo_b` and `attn.wo_b bf16`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ CONFIGS = ((128, 3), (128, 4), (256, 3), (64, 6))  # (BLOCK_K, STAGES)
 def _shapes(wanted: list[str]) -> list[ls.Shape]:
     fp8 = [s for s in ls.SHAPES if s.act != "dense" and s.per_layer > 0]
     wo_b = next(s for s in fp8 if s.name == "attn.wo_b")
-    shapes = [*fp8, dataclasses.replace(wo_b, name="attn.wo_b bf16", act="bf16")]
+    shapes = [*fp8, dataclasses.replace(wo_b, name="attn.wo_b f32", act="f32")]
     return [s for s in shapes if not wanted or any(w in s.name for w in wanted)]
 
 

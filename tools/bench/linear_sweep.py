@@ -54,7 +54,7 @@ class Shape:
     n: int
     k: int
     groups: int = 1
-    act: str = "fp8"  # fp8: bf16 x, act_quant fp8_g32; f32: f32 x, act_quant none (wo_b); dense: bf16 w
+    act: str = "fp8"  # fp8: bf16 x, act_quant fp8_g32; f32: f32 x, act_quant none (split); dense: bf16 w
     out: str = "bf16"
     ms: tuple[int, ...] = MS
     per_layer: float = 1.0
@@ -65,7 +65,7 @@ SHAPES = (
     Shape("attn.wq_b", 32768, 1280),  # also the (4096, 32768, 1280) prefill shape
     Shape("attn.wkv", 512, 5120),
     Shape("attn.wo_a", 1024, 4096, groups=8, out="f32"),
-    Shape("attn.wo_b", 5120, 8192, act="f32"),
+    Shape("attn.wo_b", 5120, 8192),  # its input FP8-g32 values in bf16 (f32 split into pieces before b87122d)
     Shape("indexer.wq_b", 4096, 1280, per_layer=0.2),  # Full and Reindex layers: 8 of 40
     Shape("shared.w1/w3", 2304, 5120, per_layer=2.0),
     Shape("shared.w2", 5120, 2304),

@@ -46,8 +46,8 @@ class Tiles(NamedTuple):
     only): the tile is out^T with block_n weight rows on the tensor core's 64-row side (a multiple of 64
     per warpgroup) and block_m activation rows (16 or more). wide (swapped only): each BLOCK_K step is
     loaded and dequantized at once and dotted once, instead of 32 columns (one scale block) at a time:
-    the same tensor-core steps in the same order, so the same bits, with more bytes in flight (wo_b's
-    split f32 activations keep the chunks, whose dots interleave the pieces per chunk)."""
+    the same tensor-core steps in the same order, so the same bits, with more bytes in flight (split
+    f32 activations keep the chunks, whose dots interleave the pieces per chunk)."""
 
     block_m: int
     block_n: int

@@ -7,8 +7,8 @@ scales go into the operands instead of into each 32-column partial sum, and the 
 tensor-core dot with one FP32 accumulator chained over K. That drops the per-chunk promotion (two FP32
 operations per output element every 32 columns) which bounds an FP8-dot kernel at these scale blocks,
 and bf16 dots accumulate more precisely than Hopper's FP8 ones. An activation that is not bf16 and not
-quantized (wo_b's f32 input, f16) is split exactly into three bf16 pieces (hi + mid + lo, 8 significant
-bits each), dotted one after the other for every 32-column chunk.
+quantized (f32 or f16 with act_quant none) is split exactly into three bf16 pieces (hi + mid + lo, 8
+significant bits each), dotted one after the other for every 32-column chunk.
 
 FP8-g32 activations are quantized-dequantized once per call (moe_swap_tl's `qdq_rows_kernel`) in both
 layouts: in the GEMM every program would repeat the same rows' codec, which cost more than the weight's
