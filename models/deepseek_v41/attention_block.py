@@ -125,11 +125,9 @@ def _output(f: Forward, plan: LayerPlan, o: Tracer, prefix: str | None = None) -
     else:
         z = op.grouped_linear(grouped, f.w(name), scale, weight_format="fp8_block32", out_dtype=out_dtype)
     z = op.reshape(z, shape=(z.shape[0], t.o_groups * t.o_lora_rank))
-    if fp8_out:
-        # bf16 out: every quantized value is exact in bf16 (the codecs' amax floors keep them far above its
-        # subnormals), so wo_b runs them as plain bf16 operands instead of f32 split into three pieces
-        z = op.act_qdq(z, fmt=f.num.act_quant, out_dtype="bf16")
-    return f.linear(z, p + "wo_b.weight", quantized_input=not fp8_out)
+    # wo_b quantizes its f32 input itself (act_quantize: FP8-g32 values stored in bf16, where they are
+    # exact), so its GEMM runs plain bf16 operands
+    return f.linear(z, p + "wo_b.weight")
 
 
 def attention(f: Forward, plan: LayerPlan, u: Tracer) -> Tracer:

@@ -13,12 +13,15 @@ conversion chain is not what bounds them (see the bench log for where the time g
 Same bits as the Triton kernel: the weight tile is the same exact bf16 values (E4M3 x 2^(s - 127),
 converted the same way), each 64-row tile of out^T chains one FP32 accumulator through bf16 m64nXk16
 wgmmas in increasing K order (split activations: hi, mid, lo per 32 columns, as _dot_x orders them),
-and K ranges are added by the tile's last range in increasing order (the arrival count protocol of
-linear_tl.store_tile).
+and K ranges are added by the tile's last range in increasing order (linear_tl.store_tile itself, and
+quant_tl's scale decode: Triton helpers compile inside a Gluon kernel, to the same PTX).
 """
 
 from __future__ import annotations
 
+import torch
+import triton
+from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -28,24 +31,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from dsgraph.platform.cuda.kernels.linear_tl import split_buffers, store_tile
+from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
+
 BLOCK_N = gl.constexpr(64)  # weight rows per program: the wgmma's M side
 CHUNK = gl.constexpr(32)  # columns per scale block (and per split-piece dot)
-
-
-@gluon.jit
-def _e8m0_to_f32(e):
-    """UE8M0 byte -> 2^(e-127) in f32 (byte 0 is the subnormal 2^-127, 255 is NaN): quant_tl's decode."""
-    e = e.to(gl.int32)
-    bits = gl.where(e == 0, 0x00400000, gl.where(e == 255, 0x7FC00000, e << 23))
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _round_bf16(x):
-    """FP32 -> bf16, nearest even on the bits, NaN kept as is (quant_tl.round_f32_to)."""
-    bits = x.to(gl.int32, bitcast=True)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(gl.float32, bitcast=True)
-    return gl.where(x != x, x, rounded).to(gl.bfloat16)
 
 
 @gluon.jit
@@ -93,8 +83,7 @@ def _mma_step(acc, w_tile, x_tile, pieces, buf, X_SPLIT: gl.constexpr, BLOCK_K: 
 
 
 @gluon.jit
-def _scales(s_ptr, w_rows, n_mask, k0, s_stride, K_SIZE: gl.constexpr, W3: gl.constexpr,
-            BLOCK_K: gl.constexpr):  # fmt: skip
+def _scales(s_ptr, w_rows, n_mask, k0, s_stride, W3: gl.constexpr, BLOCK_K: gl.constexpr):
     """The UE8M0 byte of every (row, 16-column piece) of a step, as [BLOCK_N, BLOCK_K / 16]."""
     pieces = gl.arange(0, BLOCK_K // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, W3)))
     blocks = k0 // CHUNK + pieces // 2
@@ -150,14 +139,14 @@ def fp8_decode_kernel(
             _issue(w_ring, x_ring, s, w_ptr, x_ptr, w_rows, n_mask, x_rows, m_mask, k0, K_SIZE, W3, XL,
                    BLOCK_K)  # fmt: skip
         async_copy.commit_group()
-    scale = _scales(s_ptr, w_rows, n_mask, k_lo, s_stride, K_SIZE, W3, BLOCK_K)
+    scale = _scales(s_ptr, w_rows, n_mask, k_lo, s_stride, W3, BLOCK_K)
     acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=ACC)
     for i in range(STEPS):
         stage = i % STAGES
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
         w8 = w_ring.index(stage).load(W3)
-        w = (w8.to(gl.float32) * gl.expand_dims(_e8m0_to_f32(scale), 2)).to(gl.bfloat16)
+        w = (w8.to(gl.float32) * gl.expand_dims(e8m0_to_f32(scale), 2)).to(gl.bfloat16)
         w_tile = w_bf16.index(i % 2)
         w_tile.store(gl.reshape(w, [BLOCK_N, BLOCK_K]))
         if X_SPLIT:
@@ -173,7 +162,7 @@ def fp8_decode_kernel(
                    k_lo + nxt * BLOCK_K, K_SIZE, W3, XL, BLOCK_K)  # fmt: skip
         async_copy.commit_group()
         if i + 1 < STEPS:
-            scale = _scales(s_ptr, w_rows, n_mask, k_lo + (i + 1) * BLOCK_K, s_stride, K_SIZE, W3, BLOCK_K)
+            scale = _scales(s_ptr, w_rows, n_mask, k_lo + (i + 1) * BLOCK_K, s_stride, W3, BLOCK_K)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
 
@@ -181,45 +170,22 @@ def fp8_decode_kernel(
     om = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ACC))
     offs = g * out_stride_g + gl.expand_dims(om, 0).to(gl.int64) * out_stride_m + gl.expand_dims(on, 1)
     mask = gl.expand_dims(om < m_size, 0) & gl.expand_dims(on < n_size, 1)
-    _store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, out_size, SPLITS)
+    store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, out_size, SPLITS)
 
 
-@gluon.jit
-def _store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, size, SPLITS: gl.constexpr):
-    """linear_tl.store_tile's protocol: rounded to out's dtype for one range; else this range's FP32
-    partial, and the tile's last range to arrive adds the partials in increasing K order and resets the
-    count."""
-    if SPLITS == 1:
-        if out_ptr.dtype.element_ty == gl.bfloat16:
-            gl.store(out_ptr + offs, _round_bf16(acc), mask=mask)
-        else:
-            gl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        gl.store(part_ptr + split * size + offs, acc, mask=mask)
-        gl.thread_barrier()
-        tile = (gl.program_id(2) // SPLITS * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(0)
-        tile += gl.program_id(0)
-        arrived = gl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            total = gl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            for s in gl.static_range(1, SPLITS):
-                total += gl.load(part_ptr + s * size + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            if out_ptr.dtype.element_ty == gl.bfloat16:
-                gl.store(out_ptr + offs, _round_bf16(total), mask=mask)
-            else:
-                gl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-            gl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-def launch(x, w, scale, out, splits: int, block_m: int = 16, block_k: int = 128, stages: int = 4) -> None:
+def launch(
+    x: Tensor,
+    w: Tensor,
+    scale: Tensor,
+    out: Tensor,
+    splits: int,
+    block_m: int = 16,
+    block_k: int = 128,
+    stages: int = 4,
+) -> None:
     """x [M, G, K] bf16 (or FP32: split pieces) with unit K stride, w [G*N, K] E4M3, scale its UE8M0 bytes
     (uint8 view), out [M, G, N] contiguous; splits: linear.k_splits of the weight (K a multiple of
     block_k x splits)."""
-    import torch
-    import triton
-
-    from dsgraph.platform.cuda.kernels.linear_tl import split_buffers
-
     m_size, groups, k_size = x.shape
     n_size = out.shape[2]
     grid = (triton.cdiv(n_size, BLOCK_N.value), triton.cdiv(m_size, block_m), groups * splits)
