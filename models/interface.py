@@ -76,7 +76,8 @@ class Drafter(Protocol):
     DSpark stages, V4 with its MTP layer): which checkpoint weights the draft graph and the target step's
     context part read, the draft graph (outputs `draft_tokens` [seqs, K], `draft_logprobs` [seqs, K, V],
     `confidence` [seqs, K]; its `caches.*` inputs are caches of the model that the target step writes),
-    its step inputs, and K, the tokens one pass drafts."""
+    its step inputs, and K, the tokens one pass drafts. `trace_draft(..., greedy=True)`: the variant for
+    passes whose requests are all greedy, with the same tokens and confidences and no `draft_logprobs`."""
 
     @property
     def num_draft_tokens(self) -> int: ...
@@ -85,6 +86,8 @@ class Drafter(Protocol):
 
     def is_context_weight(self, name: str) -> bool: ...
 
-    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = ...) -> Graph: ...
+    def trace_draft(
+        self, weights: Mapping[str, TensorType], *, stream: int = ..., greedy: bool = ...
+    ) -> Graph: ...
 
     def draft_inputs(self, requests: Sequence[DraftRequest], num_seqs: int) -> dict[str, Any]: ...

@@ -14,6 +14,11 @@ writes no cache, so capturing its padding pass changes nothing. The tokens and c
 needs come to the host in one device-to-host copy (packed as i32 bits); the log-probs stay on the device
 as a view of the bucket's static buffer, valid until the next pass of that bucket (the engine copies them
 into its pool at once). With `capture=False` the pass runs eagerly on the same padded shapes.
+
+A pass whose requests are all greedy runs the graph's greedy variant (`trace_draft(..., greedy=True)`,
+its own programs and captures: key `(seqs, "greedy")`): the same tokens and confidences, drawn by one
+argmax per slot instead of the full processing's sorts of the vocabulary, and no log-probabilities
+(`DraftOutput.logprobs` None: verification never reads a greedy row's).
 """
 
 from __future__ import annotations
@@ -22,16 +27,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dsgraph.graph import Graph
 from dsgraph.graph.passes import optimize, specialize
 from dsgraph.models.interface import DRAFT_STREAM, DraftRequest, weight_types
+from dsgraph.ops.sampling import GREEDY_BELOW
 from dsgraph.platform.registry import BucketRunner, Program, lower, make_runner
 from dsgraph.runtime.replay import replay_table
 from dsgraph.runtime.step_padding import bucket_size
 
-__all__ = ["DraftOutput", "DraftRunner", "target_weights"]
+__all__ = ["DraftOutput", "DraftRunner", "bundle_kind", "target_weights"]
+
+
+def bundle_kind(greedy: bool) -> str:
+    """A bundle's step kind of the draft graph's variant."""
+    return "draft_greedy" if greedy else "draft"
 
 
 def target_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -46,14 +58,16 @@ def target_weights(model: Any, weights: Mapping[str, torch.Tensor]) -> dict[str,
 class DraftOutput:
     tokens: torch.Tensor  # [n, K] i32 on the host
     # [n, K, V] f32 on the session's device, the processed distribution each draft was drawn from; on the
-    # captured path a view of the bucket's static buffer (overwritten by the bucket's next pass)
-    logprobs: torch.Tensor
+    # captured path a view of the bucket's static buffer (overwritten by the bucket's next pass). None for
+    # a pass of greedy requests only (the greedy variant computes none)
+    logprobs: torch.Tensor | None
     confidence: torch.Tensor  # [n, K] f32 on the host, conditional acceptance probabilities
 
 
 class DraftRunner:
     """Draft passes of one session: `run(requests)` drafts for each request (a `DraftRequest`).
-    `capture`: capture each bucket on the cuda platform (default: the session's flag)."""
+    `capture`: capture each bucket on the cuda platform (default: the session's flag). `greedy_variant`
+    False runs every pass through the full graph (to compare the variants)."""
 
     def __init__(
         self,
@@ -62,6 +76,7 @@ class DraftRunner:
         *,
         stream: int = DRAFT_STREAM,
         capture: bool | None = None,
+        greedy_variant: bool = True,
     ) -> None:
         model = session.model
         if not model.dspark:
@@ -73,11 +88,11 @@ class DraftRunner:
         held, device = session.weights, session.device
         self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
         self.bundle = getattr(session, "bundle", None)  # a bundle's session: its draft graphs are read
-        if self.bundle is not None:
-            self.graph: Graph = self.bundle.graph("draft")
-        else:
-            self.graph = optimize(model.trace_draft(weight_types(draft, backbone_only=False), stream=stream))
-        self.programs: dict[int, Program] = {}
+        self._types, self._stream = weight_types(draft, backbone_only=False), stream
+        self.greedy_enabled = greedy_variant
+        self.graphs: dict[bool, Graph] = {}  # greedy variant? -> its graph, traced when first needed
+        self.graph: Graph = self._graph(False)
+        self.programs: dict[Any, Program] = {}
         self.block = model.num_draft_tokens
         # the caches the draft graph reads (written by the target step): V4.1's context rings, V4's MTP rings
         self.cache_names = [
@@ -91,14 +106,36 @@ class DraftRunner:
         )
         self.packed: dict[int, torch.Tensor] = {}  # seqs bucket -> [2, seqs, K] i32: tokens, confidences
 
-    def _program(self, seqs: int) -> Program:
-        if seqs not in self.programs and self.bundle is not None:
-            self.programs[seqs] = self.bundle.program("draft", f"seqs{seqs}", self.session.platform)
-        if seqs not in self.programs:
+    def _graph(self, greedy: bool) -> Graph:
+        if greedy not in self.graphs:
+            if self.bundle is not None:
+                self.graphs[greedy] = self.bundle.graph(bundle_kind(greedy))
+            else:
+                traced = self.session.model.trace_draft(self._types, stream=self._stream, greedy=greedy)
+                self.graphs[greedy] = optimize(traced)
+        return self.graphs[greedy]
+
+    def greedy_variant(self, requests: Sequence[DraftRequest]) -> bool:
+        """Whether a pass of `requests` runs the greedy variant: every request greedy (as the `sample` op
+        sees its f32 temperature), and the variant at hand (a bundle compiled before it has none)."""
+        greedy = all(np.float32(r.temperature) < GREEDY_BELOW for r in requests)
+        at_hand = self.bundle is None or self.bundle.has_kind(bundle_kind(True))
+        return greedy and self.greedy_enabled and at_hand
+
+    @staticmethod
+    def key(seqs: int, greedy: bool) -> Any:
+        """The runner's key of a bucket: the sequence count, tagged for the greedy variant."""
+        return (seqs, "greedy") if greedy else seqs
+
+    def _program(self, seqs: int, greedy: bool = False) -> Program:
+        key, platform = self.key(seqs, greedy), self.session.platform
+        if key not in self.programs and self.bundle is not None:
+            self.programs[key] = self.bundle.program(bundle_kind(greedy), f"seqs{seqs}", platform)
+        if key not in self.programs:
             sizes = {"slots": self.session.cache_sizes.num_slots, "seqs": seqs, "tokens": seqs * self.block}
-            self.programs[seqs] = lower(specialize(self.graph, sizes), self.session.platform)
+            self.programs[key] = lower(specialize(self._graph(greedy), sizes), platform)
             self.session.programs_built += 1  # a draft bucket counts like a target bucket
-        return self.programs[seqs]
+        return self.programs[key]
 
     def _fixed(self) -> dict[str, torch.Tensor]:
         """Weights and the caches the draft reads, by graph input name (persistent device tensors)."""
@@ -107,11 +144,11 @@ class DraftRunner:
     def run(self, requests: Sequence[DraftRequest], *, capture: bool | None = None) -> DraftOutput:
         """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""
         n = len(requests)
-        seqs = bucket_size(n)
+        seqs, greedy = bucket_size(n), self.greedy_variant(requests)
         inputs = {f"step.{k}": v for k, v in self.session.model.draft_inputs(requests, seqs).items()}
         out = self.runner.run(
-            seqs,
-            lambda: self._program(seqs),
+            self.key(seqs, greedy),
+            lambda: self._program(seqs, greedy),
             self._fixed(),
             inputs,
             capture=self.capture if capture is None else capture,
@@ -127,7 +164,8 @@ class DraftRunner:
         packed[0].copy_(out["draft_tokens"])
         packed[1].copy_(out["confidence"].view(torch.int32))
         host = packed.cpu()  # synchronises
-        return DraftOutput(host[0, :n], out["draft_logprobs"][:n], host[1, :n].view(torch.float32))
+        logprobs = out["draft_logprobs"][:n] if "draft_logprobs" in out else None
+        return DraftOutput(host[0, :n], logprobs, host[1, :n].view(torch.float32))
 
     @property
     def captured(self) -> dict[Any, Any]:

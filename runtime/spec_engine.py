@@ -229,8 +229,9 @@ class SpecDecoder:
                 self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
             self.draft_passes += 1
             width = min(self.nextn, out.tokens.shape[1])
-            slots = torch.tensor([req.slot for _, req in todo], dtype=torch.long, device=self.pool.device)
-            self.pool[slots, :width] = out.logprobs[:, :width]  # one copy for the whole batch
+            if out.logprobs is not None:  # None: greedy requests only, whose p_d verification never reads
+                slots = torch.tensor([req.slot for _, req in todo], dtype=torch.long, device=self.pool.device)
+                self.pool[slots, :width] = out.logprobs[:, :width]  # one copy for the whole batch
             for i, (k, _) in enumerate(todo):
                 tokens[k, :width], lengths[k] = out.tokens[i, :width].numpy(), width
                 conf[k, :width] = out.confidence[i, :width].double().clamp(0, 1).numpy()

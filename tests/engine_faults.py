@@ -72,7 +72,8 @@ class DraftHook:
 
     def _replace(self, requests: Any, out: DraftOutput) -> DraftOutput:
         assert self.fn is not None
-        tokens, logprobs = out.tokens.clone(), out.logprobs.clone()
+        tokens = out.tokens.clone()
+        logprobs = None if out.logprobs is None else out.logprobs.clone()
         conf = out.confidence.double().clamp(0, 1)
         width = min(self._spec.nextn, tokens.shape[1])
         for i, req in enumerate(requests):
@@ -90,8 +91,9 @@ class DraftHook:
                 torch.tensor(d, dtype=tokens.dtype),
                 torch.tensor(c, dtype=conf.dtype),
             )
-            logprobs[i, : len(d)] = float("-inf")
-            logprobs[i, torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 0.0
+            if logprobs is not None:  # None: a greedy pass, whose p_d nothing reads
+                logprobs[i, : len(d)] = float("-inf")
+                logprobs[i, torch.arange(len(d)), torch.tensor(d, dtype=torch.long)] = 0.0
         return DraftOutput(tokens, logprobs, conf)
 
 

@@ -100,8 +100,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--kernels",
         action="store_true",
         help="count the kernels one cuda step launches, per op and per layer, without a GPU (decode: "
-        "--seqs requests at --context, default --tokens requests; prefill: a --tokens chunk); without "
-        "--model the bench model (8 full-width layers)",
+        "--seqs requests at --context, default --tokens requests; prefill: a --tokens chunk; draft, "
+        "draft_greedy: a DSpark draft pass for --seqs requests, full graph or greedy variant, per "
+        "stage); without --model the bench model (8 full-width layers)",
     )
     p.add_argument("--context", type=int, default=8192, help="with --kernels: the decode context length")
     p.add_argument("--json", action="store_true", help="with --kernels: JSON instead of the table")
@@ -147,10 +148,11 @@ def kernel_census(args: argparse.Namespace) -> int:
     import sys
 
     from dsgraph.platform.env import child_environ
+    from dsgraph.tools.kernel_census import STEPS
 
-    if args.step not in ("decode", "prefill"):
-        raise SystemExit(f"dsgraph inspect --kernels: --step {args.step!r}: expected decode or prefill")
-    batch = (args.seqs or args.tokens) if args.step == "decode" else args.tokens
+    if args.step not in STEPS:
+        raise SystemExit(f"dsgraph inspect --kernels: --step {args.step!r}: expected one of {STEPS}")
+    batch = args.tokens if args.step == "prefill" else (args.seqs or args.tokens)
     cmd = [sys.executable, "-m", "dsgraph.tools.kernel_census", "--step", args.step, "--batch", str(batch)]
     cmd += ["--context", str(args.context), *(["--model", args.model] if args.model else [])]
     cmd += ["--json"] if args.json else []

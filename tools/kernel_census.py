@@ -36,9 +36,11 @@ NO_KERNEL = frozenset(
     "squeeze detach alias empty empty_strided empty_like new_empty new_empty_strided lift_fresh split "
     "split_with_sizes unbind narrow unflatten flatten view_as".split()
 )
-_LAYER = re.compile(r"weights\.layers\.(\d+)\.")
+_LAYER = re.compile(r"weights\.(layers|mtp)\.(\d+)\.")  # a decoder layer, or a draft stage ("mtp1")
 _HEAD = ("weights.norm.", "weights.head.")
 HEAD, EMBED = "head", "embed"
+# decode and prefill steps; the DSpark draft pass through its full graph or its greedy variant
+STEPS = ("decode", "prefill", "draft", "draft_greedy")
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Census:
         return sum(self.per_layer.values())
 
     def layer_mean(self) -> float:
-        """Launches per decoder layer (embedding and head excluded)."""
+        """Launches per decoder layer, or per stage of a draft pass (embedding and head excluded)."""
         inner = sum(v for k, v in self.per_layer.items() if k not in (EMBED, HEAD))
         return inner / max(self.layers, 1)
 
@@ -123,7 +125,7 @@ def _layer_of(names: list[str], current: str) -> str:
     for n in names:
         m = _LAYER.match(n)
         if m:
-            return m[1]
+            return m[2] if m[1] == "layers" else f"mtp{m[2]}"
         if n.startswith(_HEAD):
             return HEAD
     return current
@@ -155,29 +157,58 @@ def count_program(program: Any, args: Mapping[str, Any], layers: int) -> Census:
     return census
 
 
-def census(cfg: Any, step: str, batch: int, context: int) -> Census:
-    """The launches of one `step` (decode: `batch` requests at `context`; prefill: one chunk of `batch`
-    tokens) of the V4.1 model `cfg` on the cuda platform."""
-    from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
+def _meta_session(cfg: Any, seqs: int, length: int, weights: Any, dspark: bool = False) -> Any:
+    """A cuda session on the meta device for `seqs` requests of `length` tokens."""
     from dsgraph.models.deepseek_v41.step_io import ratios
     from dsgraph.runtime.engine_config import CudaConfig
     from dsgraph.runtime.session import CacheSizes, Session
     from dsgraph.tools.bench.model_bench import make_model, pages_for
+
+    model = make_model(cfg, length + 64, dspark=dspark)
+    pages = {r: seqs * pages_for(model, r, length) for r in ratios(model.plans)}
+    # everything "on the device" (no pinned host table), one stream, eager: the captured step's launches
+    cuda = CudaConfig(capture=False, side_stream=False, engram_host_min_bytes=1 << 62)
+    return Session(model, weights, CacheSizes(seqs, pages), platform="cuda", device="meta", cuda=cuda)
+
+
+def census(cfg: Any, step: str, batch: int, context: int) -> Census:
+    """The launches of one `step` (decode: `batch` requests at `context`; prefill: one chunk of `batch`
+    tokens) of the V4.1 model `cfg` on the cuda platform."""
+    from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
     from dsgraph.tools.bench.steps import decode_step, prefill_step
 
     if not dsgraph_env.triton_interpreting():
         raise RuntimeError("kernel census: run with TRITON_INTERPRET=1 set before triton is imported")
     seqs, length = (batch, context) if step == "decode" else (1, batch)
-    model = make_model(cfg, length + 64)
-    pages = {r: seqs * pages_for(model, r, length) for r in ratios(model.plans)}
-    # everything "on the device" (no pinned host table), one stream, eager: the captured step's launches
-    cuda = CudaConfig(capture=False, side_stream=False, engram_host_min_bytes=1 << 62)
-    session = Session(model, meta_serving_weights(cfg), CacheSizes(seqs, pages), platform="cuda",
-                      device="meta", cuda=cuda)  # fmt: skip
+    session = _meta_session(cfg, seqs, length, meta_serving_weights(cfg))
+    model = session.model
     inputs = decode_step(model, batch, context) if step == "decode" else prefill_step(model, batch)
     program, args = session.bound_program(inputs)
     _warm_up(program, args)
     return count_program(program, args, cfg.text.num_hidden_layers)
+
+
+def draft_census(cfg: Any, batch: int, context: int, greedy: bool) -> Census:
+    """The launches of one DSpark draft pass for `batch` requests at `context` (the greedy variant, or the
+    full graph that samples and returns log-probabilities)."""
+    import torch
+
+    from dsgraph.models.deepseek_v41.dspark_io import DraftRequest
+    from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
+    from dsgraph.platform.cuda.execute import DeviceProgram
+    from dsgraph.runtime.spec_draft import DraftRunner
+    from dsgraph.runtime.step_padding import bucket_size
+
+    weights = meta_serving_weights(cfg, dspark=True)
+    session = _meta_session(cfg, batch, context, weights, dspark=True)
+    runner = DraftRunner(session, weights)
+    seqs = bucket_size(batch)
+    requests = [DraftRequest(anchor=1, position=context - 1, slot=b) for b in range(batch)]
+    step = session.model.draft_inputs(requests, seqs)
+    program = DeviceProgram(runner._program(seqs, greedy), "meta", side_stream=False)
+    args = {**runner._fixed(), **{f"step.{k}": torch.as_tensor(v).to("meta") for k, v in step.items()}}
+    _warm_up(program, args)
+    return count_program(program, args, cfg.text.num_nextn_predict_layers)
 
 
 def _warm_up(program: Any, args: Mapping[str, Any]) -> None:
@@ -203,12 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     prog = "python -m dsgraph.tools.kernel_census"
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="model directory (config.json); default: the bench model (8 layers)")
-    ap.add_argument("--step", choices=("decode", "prefill"), default="decode")
-    ap.add_argument("--batch", type=int, default=1, help="decode: requests; prefill: chunk tokens")
-    ap.add_argument("--context", type=int, default=8192, help="decode: context length")
+    ap.add_argument("--step", choices=STEPS, default="decode")
+    ap.add_argument("--batch", type=int, default=1, help="decode, draft: requests; prefill: chunk tokens")
+    ap.add_argument("--context", type=int, default=8192, help="decode, draft: context length")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
-    result = census(_config(args.model), args.step, args.batch, args.context)
+    cfg = _config(args.model)
+    if args.step in ("draft", "draft_greedy"):
+        if not dsgraph_env.triton_interpreting():
+            raise RuntimeError("kernel census: run with TRITON_INTERPRET=1 set before triton is imported")
+        result = draft_census(cfg, args.batch, args.context, args.step == "draft_greedy")
+    else:
+        result = census(cfg, args.step, args.batch, args.context)
     print(json.dumps(result.as_dict(), indent=1) if args.json else result.as_text(), end="")
     return 0
 

@@ -87,8 +87,10 @@ class V4Model:
     def is_context_weight(self, name: str) -> bool:
         return mtp_draft.is_context_weight(name)
 
-    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = DRAFT_STREAM) -> Graph:
-        return mtp_draft.trace_draft(self, weights, stream=stream)
+    def trace_draft(
+        self, weights: Mapping[str, TensorType], *, stream: int = DRAFT_STREAM, greedy: bool = False
+    ) -> Graph:
+        return mtp_draft.trace_draft(self, weights, stream=stream, greedy=greedy)
 
     def draft_inputs(self, requests: Sequence[DraftRequest], num_seqs: int) -> dict[str, Any]:
         return mtp_draft.draft_inputs(requests, num_seqs)

@@ -36,7 +36,7 @@ from dsgraph.models.deepseek_v4.attention_block import CACHE_FMT, _swa_kv
 from dsgraph.models.deepseek_v4.mtp import MTP_PREFIX, aliased, mtp_plan, mtp_streams
 from dsgraph.models.deepseek_v41.backbone import _hc, head
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
-from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM
+from dsgraph.models.deepseek_v41.dspark import DRAFT_STREAM, draw
 from dsgraph.models.deepseek_v41.dspark_io import DraftRequest, request_columns
 from dsgraph.ops import op
 from dsgraph.ops.quant import entry_bytes
@@ -123,7 +123,7 @@ def _confidence(logits: Tracer) -> Tracer:
     return 1.0 / op.reduce_sum(op.exp(logits - top), axes=(-1,), keepdims=True)
 
 
-def _draft(f: Forward, stream: int) -> dict[str, Any]:
+def _draft(f: Forward, stream: int, greedy: bool) -> dict[str, Any]:
     from dsgraph.models.deepseek_v4.model import _block, _hc_head
 
     s = f.step
@@ -133,27 +133,31 @@ def _draft(f: Forward, stream: int) -> dict[str, Any]:
     logits = head(g, x, _hc_head(g, x))  # [seqs, V] f32
     params = [s[k] for k in _SAMPLING]
     position = op.gather_rows(s["positions"], s["sample_rows"]) + 1
-    token = op.sample(logits, *params, s["seed"], position, stream=stream)[0]
-    vocab = f.text.vocab_size
-    return {
-        "draft_tokens": op.reshape(token, shape=("seqs", 1)),
-        "draft_logprobs": op.reshape(op.sampling_logprobs(logits, *params), shape=("seqs", 1, vocab)),
-        "confidence": _confidence(logits),
-    }
+    token, logprobs = draw(logits, params, s["seed"], position, stream, greedy)
+    out = {"draft_tokens": op.reshape(token, shape=("seqs", 1))}
+    if logprobs is not None:
+        out["draft_logprobs"] = op.reshape(logprobs, shape=("seqs", 1, f.text.vocab_size))
+    return {**out, "confidence": _confidence(logits)}
 
 
 def trace_draft(
-    model: Any, weights: Mapping[str, TensorType], *, stream: int = DRAFT_STREAM, name: str = "v4_mtp_draft"
+    model: Any,
+    weights: Mapping[str, TensorType],
+    *,
+    stream: int = DRAFT_STREAM,
+    greedy: bool = False,
+    name: str = "v4_mtp_draft",
 ) -> Graph:
     """The draft graph: inputs `weights.*` (`is_draft_weight`), `caches.mtp.hidden` and `caches.mtp.swa`,
     `step.*` (`draft_types`); outputs `draft_tokens` [seqs, 1] i32, `draft_logprobs` [seqs, 1, V] f32 and
     `confidence` [seqs, 1] f32. `stream`: the draws' counter stream (0 in the runtime's deterministic mode,
-    the target's own stream)."""
+    the target's own stream). `greedy`: the variant for passes of greedy requests only (dspark.draw): the
+    same tokens, no `draft_logprobs`."""
     rings = mtp_ring_types(model)
 
     def draft(weights: dict[str, Any], caches: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         f = Forward(model.cfg.text, model.num, weights, step, caches)
-        return _draft(f, stream)
+        return _draft(f, stream, greedy)
 
     return dce(make_graph(draft, dict(weights), rings, draft_types(model), name=name))
 

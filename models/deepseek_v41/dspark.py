@@ -42,7 +42,7 @@ from dsgraph.models.deepseek_v41.layers_plan import LayerPlan, draft_plans
 from dsgraph.models.deepseek_v41.model import V41Model
 from dsgraph.ops import op
 
-__all__ = ["DRAFT_STREAM", "ConfidenceInput", "draft_cache_types", "trace_draft"]
+__all__ = ["DRAFT_STREAM", "ConfidenceInput", "draft_cache_types", "draw", "trace_draft"]
 
 DRAFT_STREAM = 3  # the `sample` op's counter stream of draft draws (0-2 belong to verification)
 ConfidenceInput = Literal["pre_norm", "post_norm"]
@@ -104,33 +104,47 @@ def _dense(f: Forward, x: Tracer, name: str) -> Tracer:
     return op.linear(f.cast(x, w.dtype), w, out_dtype="f32")
 
 
+def draw(
+    logits: Tracer, params: list[Tracer], seed: Tracer, position: Tracer, stream: int, greedy: bool
+) -> tuple[Tracer, Tracer | None]:
+    """A draft token per row and the processed log-probabilities it was drawn from (the p_d of exact
+    verification). `greedy` (a pass whose requests are all greedy): the token by one argmax ("greedy_token",
+    the same token as the full processing) and no log-probabilities: verification never reads a greedy
+    row's p_d, and the full processing sorts the vocabulary of every row, twice."""
+    if greedy:
+        return op.sample(logits, *params, seed, position, stream=stream, processing="greedy_token")[0], None
+    token = op.sample(logits, *params, seed, position, stream=stream)[0]
+    return token, op.sampling_logprobs(logits, *params)
+
+
 def _heads(
-    f: Forward, h: Tracer, confidence_input: ConfidenceInput, stream: int = DRAFT_STREAM
+    f: Forward, h: Tracer, confidence_input: ConfidenceInput, stream: int = DRAFT_STREAM, greedy: bool = False
 ) -> dict[str, Tracer]:
     """The sequential Markov head and the confidence head over the collapsed last-stage state h [T, H].
 
-    Returns [seqs, 1, *] pieces per slot, concatenated by the caller; `base`/`logits` only with debug."""
+    The shared head's U_k does not depend on the sequential part: it runs once over every block row (one
+    read of the [V, H] head per pass, not one per slot; each row's bits are its own, the linear being
+    batch invariant) and each slot takes its rows. Returns [seqs, 1, *] pieces per slot, concatenated by
+    the caller; `base`/`logits` only with debug, `logprobs` only without `greedy`."""
     t, s = f.text, f.step
     last = f"mtp.{t.num_nextn_predict_layers - 1}."
     params = [s[n] for n in ("temperature", "top_p", "top_k", "min_p")]
     prev = _slot(f, s["token_ids"], 0)  # the anchor
+    normed_rows = f.norm(h, last + "norm.weight")
+    base_rows = _dense(f, normed_rows, "head.weight")  # U of every block row [T, V]
     outs: dict[str, list[Tracer]] = {}
     for k in range(t.dspark_block_size):
-        h_k = _slot(f, h, k)
-        normed = f.norm(h_k, last + "norm.weight")
-        base = _dense(f, normed, "head.weight")  # U_k [seqs, V]
+        base = _slot(f, base_rows, k)  # U_k [seqs, V]
         e_k = op.gather_rows(f.w(last + "markov_head.embed.weight"), prev)  # [seqs, rank]
         logits = base + _dense(f, e_k, last + "markov_head.head.weight")
         position = _slot(f, s["positions"], k) + 1  # slot k drafts the token of position a+k+1
-        token = op.sample(logits, *params, s["seed"], position, stream=stream)[0]
-        state = h_k if confidence_input == "pre_norm" else normed
+        token, logprobs = draw(logits, params, s["seed"], position, stream, greedy)
+        state = _slot(f, h if confidence_input == "pre_norm" else normed_rows, k)
         joined = op.concat(f.cast(state, "f32"), f.cast(e_k, "f32"), axis=1)
         confidence = op.sigmoid(_dense(f, joined, last + "confidence_head.proj.weight"))  # [seqs, 1]
-        pieces = {
-            "tokens": token,
-            "logprobs": op.sampling_logprobs(logits, *params),
-            "confidence": confidence,
-        }
+        pieces = {"tokens": token, "confidence": confidence}
+        if logprobs is not None:
+            pieces["logprobs"] = logprobs
         if f.debug is not None:
             pieces.update(base=base, logits=logits)
         for name, value in pieces.items():
@@ -147,13 +161,16 @@ def trace_draft(
     debug: bool = False,
     confidence_input: ConfidenceInput = "pre_norm",
     stream: int = DRAFT_STREAM,
+    greedy: bool = False,
 ) -> Graph:
     """The draft graph: inputs `weights.*` (`dspark_context.is_draft_weight`), `caches.dspark.ring{s}`,
     `step.*` (dspark_io.draft_types); outputs `draft_tokens` [seqs, K] i32, `draft_logprobs`
     [seqs, K, V] f32 and `confidence` [seqs, K] f32. With `debug`, also `debug.base_logits` (U_k) and
     `debug.draft_logits` (Markov-corrected) [seqs, K, V] f32 and `debug.kv_pre.{stage index}` [T, hd].
     `stream`: the draws' counter stream; the runtime's deterministic mode passes 0, the target's own
-    `sample` stream, so a draft equals the target's draw wherever the two distributions agree."""
+    `sample` stream, so a draft equals the target's draw wherever the two distributions agree.
+    `greedy`: the variant for passes whose requests are all greedy (`draw`): the same tokens and
+    confidences, no `draft_logprobs` output."""
     if confidence_input not in ("pre_norm", "post_norm"):
         raise ValueError(
             f"trace_draft: confidence_input {confidence_input!r} is not 'pre_norm' or 'post_norm'"
@@ -173,13 +190,13 @@ def trace_draft(
         x, a = embed(f), None
         for k, plan in enumerate(draft_plans(text)):
             x, a = _stage(f, plan, k, x, a)
-        heads = _heads(f, op.hc_collapse(x, a, out_dtype=model.num.act_dtype), confidence_input, stream)
+        collapsed = op.hc_collapse(x, a, out_dtype=model.num.act_dtype)
+        heads = _heads(f, collapsed, confidence_input, stream, greedy)
         k = text.dspark_block_size
-        out = {
-            "draft_tokens": heads["tokens"],
-            "draft_logprobs": heads["logprobs"],
-            "confidence": op.reshape(heads["confidence"], shape=("seqs", k)),
-        }
+        out = {"draft_tokens": heads["tokens"]}
+        if not greedy:
+            out["draft_logprobs"] = heads["logprobs"]
+        out["confidence"] = op.reshape(heads["confidence"], shape=("seqs", k))
         if f.debug is not None:
             out["debug"] = {**f.debug, "base_logits": heads["base"], "draft_logits": heads["logits"]}
         return out

@@ -79,10 +79,12 @@ class V41Model:
 
         return is_context_weight(name)
 
-    def trace_draft(self, weights: Mapping[str, TensorType], *, stream: int = 3) -> Graph:
+    def trace_draft(
+        self, weights: Mapping[str, TensorType], *, stream: int = 3, greedy: bool = False
+    ) -> Graph:
         from dsgraph.models.deepseek_v41.dspark import trace_draft
 
-        return trace_draft(self, weights, stream=stream)
+        return trace_draft(self, weights, stream=stream, greedy=greedy)
 
     def draft_inputs(self, requests: Sequence[Any], num_seqs: int) -> dict[str, Any]:
         from dsgraph.models.deepseek_v41.dspark_io import draft_inputs

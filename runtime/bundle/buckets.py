@@ -22,6 +22,7 @@ KINDS = {
     "step": "the target step (prefill, decode and verify rows)",
     "truncated": "the truncated-prefill variant of the target step",
     "draft": "the DSpark draft pass (bucketed by sequences)",
+    "draft_greedy": "the draft pass of greedy requests only (no log-probabilities; bucketed by sequences)",
 }
 STEP_DIM_ORDER = ("tokens", "seqs", "outs", "kept")
 
@@ -72,5 +73,6 @@ def enumerate_buckets(spec: BucketSpec) -> dict[str, list[str]]:
     if spec.truncation != "off":
         kinds["truncated"] = [bucket_name(d) for d in _step_buckets(spec, spec.truncation == "compact")]
     if spec.drafting:
-        kinds["draft"] = [f"seqs{s}" for s in powers_upto(spec.max_num_seqs)]
+        for kind in ("draft", "draft_greedy"):
+            kinds[kind] = [f"seqs{s}" for s in powers_upto(spec.max_num_seqs)]
     return kinds

@@ -27,6 +27,7 @@ from dsgraph.runtime.bundle.manifest import (
     write_manifest,
 )
 from dsgraph.runtime.bundle.warm import warm_inputs, warm_truncated_inputs
+from dsgraph.runtime.spec_draft import bundle_kind
 
 __all__ = ["compile_bundle"]
 
@@ -69,13 +70,14 @@ def _step_program(engine: Any, kind: str, dims: dict[str, int], warm: bool) -> A
     return session._program(sizes, kind == "truncated")
 
 
-def _draft_program(engine: Any, seqs: int, warm: bool) -> Any:
+def _draft_program(engine: Any, seqs: int, warm: bool, greedy: bool) -> Any:
     from dsgraph.models.interface import DraftRequest
 
     drafter, slots = engine.spec.drafter, engine.session.cache_sizes.num_slots
-    if warm:
-        drafter.run([DraftRequest(0, 0, i % slots) for i in range(min(seqs, slots))])
-    return drafter._program(seqs)
+    if warm:  # greedy requests run the greedy variant, sampled ones the full graph
+        temperature = 0.0 if greedy else 1.0
+        drafter.run([DraftRequest(0, 0, i % slots, temperature=temperature) for i in range(min(seqs, slots))])
+    return drafter._program(seqs, greedy)
 
 
 def _write_bucket(root: Path, kind: str, name: str, program: Any) -> dict[str, Any]:
@@ -95,8 +97,8 @@ def _buckets(root: Path, engine: Any, spec: BucketSpec, warm: bool, log: Any) ->
         out[kind] = {}
         for i, name in enumerate(names):
             dims = parse_bucket_name(name)
-            if kind == "draft":
-                program = _draft_program(engine, dims["seqs"], warm)
+            if kind in ("draft", "draft_greedy"):
+                program = _draft_program(engine, dims["seqs"], warm, kind == "draft_greedy")
             else:
                 program = _step_program(engine, kind, dims, warm)
             out[kind][name] = _write_bucket(root, kind, name, program)
@@ -111,8 +113,10 @@ def _graphs(root: Path, engine: Any, kinds: set[str]) -> list[str]:
     store.write_graph(root, store.symbolic_path("step"), session.graph)
     if "truncated" in kinds:
         store.write_graph(root, store.symbolic_path("truncated"), session._graph(True))
-    if "draft" in kinds:
-        store.write_graph(root, store.symbolic_path("draft"), engine.spec.drafter.graph)
+    for greedy in (False, True):
+        if bundle_kind(greedy) in kinds:
+            graph = engine.spec.drafter._graph(greedy)
+            store.write_graph(root, store.symbolic_path(bundle_kind(greedy)), graph)
     named = engine.sampler.graphs  # every graph of GRAPHS, so that a bundle start traces none
     for name, graph in named.items():
         store.write_graph(root, store.symbolic_path(f"sampler/{name}"), graph)

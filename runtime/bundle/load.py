@@ -42,6 +42,10 @@ class Bundle:
     def drafting(self) -> bool:
         return "draft" in self.manifest["buckets"]
 
+    def has_kind(self, kind: str) -> bool:
+        """Whether the bundle holds programs of a step kind (buckets.KINDS)."""
+        return kind in self.manifest["buckets"]
+
     def engine_config(self, **overrides: Any) -> Any:
         """The EngineConfig the bundle was compiled for (its compiled fields), with `overrides`."""
         from dsgraph.runtime.engine_config import EngineConfig
@@ -88,7 +92,8 @@ class Bundle:
             )
 
     def graph(self, kind: str) -> Graph:
-        """The symbolic graph of a step kind ("step", "truncated", "draft") or a sampler graph."""
+        """The symbolic graph of a step kind ("step", "truncated", "draft", "draft_greedy") or a sampler
+        graph."""
         if kind not in self._graphs:
             self._graphs[kind] = store.read_graph(self.root, store.symbolic_path(kind))
         return self._graphs[kind]

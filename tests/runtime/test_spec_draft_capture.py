@@ -82,11 +82,19 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
 
 
-def assert_same(got: DraftOutput, want: DraftOutput, where: str) -> None:
-    for field in ("tokens", "confidence", "logprobs"):
+def assert_same(got: DraftOutput, want: DraftOutput, where: str, fields: tuple[str, ...] = ()) -> None:
+    for field in fields or ("tokens", "confidence", "logprobs"):
         a, b = getattr(got, field), getattr(want, field)
+        if a is None or b is None:  # a greedy pass has no log-probabilities, on both paths
+            assert a is None and b is None, f"{where} {field}: {a is None} vs {b is None}"
+            continue
         assert a.shape == b.shape and a.dtype == b.dtype, f"{where} {field}: {a.shape} vs {b.shape}"
-        assert torch.equal(bits(a), bits(b)), f"{where} {field}: captured differs from eager"
+        assert torch.equal(bits(a), bits(b)), f"{where} {field}: differs"
+
+
+def copied(out: DraftOutput) -> DraftOutput:
+    """The output with its log-probabilities copied (on the captured path a view of a static buffer)."""
+    return DraftOutput(out.tokens, None if out.logprobs is None else out.logprobs.clone(), out.confidence)
 
 
 def test_captured_drafts_equal_eager_bit_for_bit(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
@@ -95,16 +103,21 @@ def test_captured_drafts_equal_eager_bit_for_bit(parts: tuple[Any, dict[str, tor
     assert runner.capture
     eager = DraftRunner(s, parts[1], capture=False)
     tokens = []
-    for step, n in enumerate([1, 3, 2, 3, 1, 4, 2]):  # buckets 1, 4, 2, then each again
-        got = runner.run(requests(n, step))
-        assert runner.last_captured == (step < 3)  # buckets 1, 4, 2 are new in the first three passes
-        got = DraftOutput(got.tokens, got.logprobs.clone(), got.confidence)  # a view of a static buffer
-        assert_same(got, eager.run(requests(n, step)), f"pass {step} ({n} requests)")
+    # buckets 1 (pass 0: its one request is greedy, the greedy variant), 4, 2, then each again; pass 4's
+    # single request samples: bucket 1 of the full graph, new; pass 7 repeats pass 0
+    new = {0, 1, 2, 4}
+    for step, n in enumerate([1, 3, 2, 3, 1, 4, 2, 1]):
+        reqs = requests(n, 0 if step == 7 else step)
+        got = copied(runner.run(reqs))
+        assert runner.last_captured == (step in new)
+        assert_same(got, eager.run(reqs), f"pass {step} ({n} requests)")
         assert got.tokens.shape == (n, s.model.cfg.text.dspark_block_size)
+        assert (got.logprobs is None) == all(r.temperature == 0 for r in reqs)
         tokens.append(got.tokens)
         if step == 2:
-            assert runner.draft_captures == 3 and sorted(runner.captured) == [1, 2, 4]
-    assert runner.draft_captures == 3  # repeated buckets replayed, never recaptured
+            assert runner.draft_captures == 3 and set(runner.captured) == {(1, "greedy"), 2, 4}
+    assert runner.draft_captures == 4  # repeated buckets replayed, never recaptured
+    assert set(runner.captured) == {(1, "greedy"), 1, 2, 4}
     assert eager.draft_captures == 0 and not eager.captured
     assert len({tuple(t.flatten().tolist()) for t in tokens}) > 1  # the passes drafted different tokens
     assert s.captures == 0  # draft captures are the runner's, not the target's
@@ -119,7 +132,7 @@ def test_capture_flag_of_the_session_keeps_drafting_eager(parts: tuple[Any, dict
 
 def test_sampling_steps_of_the_draft_are_captured(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
     runner = DraftRunner(session(parts, capture=True), parts[1])
-    runner.run(requests(1, 0))
+    runner.run(requests(1, 1))  # a sampled request: the full graph
     steps = runner.captured[1].program.program.steps
     for op in ("sample", "sampling_logprobs", "draft_attention"):
         found = [i for i, st in enumerate(steps) if st.eqn.op == op]
@@ -131,3 +144,26 @@ def test_sampling_steps_of_the_draft_are_captured(parts: tuple[Any, dict[str, to
     # without the Triton kernels only the moe_experts cpu rule (nonzero: a data-dependent shape) runs
     # between the graphs; on the full cuda platform its kernel is captured too
     assert eager_ops <= {"moe_experts"}, runner.as_text()
+
+
+def test_greedy_variant_drafts_what_the_full_graph_drafts(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    """Greedy requests only: the greedy variant (one argmax per slot, no log-probabilities) gives the full
+    graph's tokens and confidences bit for bit, eager and captured; a pass with one sampled request runs
+    the full graph."""
+    s = session(parts, capture=True)
+    variant, full = DraftRunner(s, parts[1]), DraftRunner(s, parts[1], greedy_variant=False)
+    for step, n in enumerate([1, 3, 4, 2]):
+        reqs = [r.__class__(**{**_fields(r), "temperature": 0.0}) for r in requests(n, step)]
+        want = full.run(reqs, capture=False)
+        assert want.logprobs is not None  # the full graph always computes them
+        for capture in (False, True):
+            got = variant.run(reqs, capture=capture)
+            assert got.logprobs is None
+            assert_same(got, want, f"pass {step} capture={capture}", ("tokens", "confidence"))
+    assert set(variant.programs) == {(1, "greedy"), (2, "greedy"), (4, "greedy")}
+    mixed = requests(3, 1)  # sampled and greedy rows
+    assert variant.run(mixed).logprobs is not None and 4 in variant.programs
+
+
+def _fields(r: DraftRequest) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in r.__slots__}

@@ -57,7 +57,20 @@ def test_a_prefill_chunk_is_counted_too() -> None:
     assert prefill["per_op"]["linear"]["launches"] == prefill["per_op"]["linear"]["equations"]
 
 
-def test_the_step_must_be_decode_or_prefill() -> None:
-    cmd = [sys.executable, "-m", "dsgraph.tools.cli", "inspect", "--kernels", "--step", "draft"]
+def test_the_draft_pass_is_counted_per_stage() -> None:
+    """The greedy variant's pass launches fewer kernels than the full graph's (no sorted sampling, no
+    log-probabilities) and the same linears; both attribute their launches to the three draft stages."""
+    full, greedy = _census("draft", 1), _census("draft_greedy", 1)
+    for c in (full, greedy):
+        assert c["program"].startswith("v41_draft") and c["layers"] == 3
+        assert {"mtp0", "mtp1", "mtp2"} <= set(c["per_layer"])
+        assert c["launches"] == sum(c["per_layer"].values())
+    assert "sampling_logprobs" in full["per_op"] and "sampling_logprobs" not in greedy["per_op"]
+    assert greedy["launches"] < full["launches"] - 5 * 100  # ~100 sorting launches per slot gone
+    assert greedy["per_op"]["linear"]["equations"] == full["per_op"]["linear"]["equations"]
+
+
+def test_the_step_must_be_one_of_the_counted_kinds() -> None:
+    cmd = [sys.executable, "-m", "dsgraph.tools.cli", "inspect", "--kernels", "--step", "verify"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "--step 'draft': expected decode or prefill" in done.stderr
+    assert done.returncode != 0 and "--step 'verify': expected one of" in done.stderr

@@ -4,6 +4,8 @@ Measured in the run: the target's verify step for B requests with k drafts each 
 captured like any step) and the draft pass for B requests, through the runtime's captured path (one CUDA
 graph set per draft bucket, replayed: `draft_captured`; `draft_eager_ms` is the same pass run eagerly,
 for comparison only); `draft_ms`, the captured pass, is what the policies below charge per drafting step.
+The requests are greedy, so the pass runs the drafter's greedy variant (`draft_variant`; runtime/
+spec_draft.py); `draft_full_ms` is the same pass through the full graph (sorted sampling, log-probs).
 Random weights accept almost no draft, so the tokens per step come from a stated acceptance model:
 per-position conditional acceptance probabilities p_1..p_5, with the confidence head assumed calibrated
 (confidences = p). Expected tokens per request for k verified drafts: 1 + sum_{i<=k} prod_{j<=i} p_j
@@ -79,17 +81,21 @@ def _policies(batch: int, t_verify: dict[int, float], t_draft: float, p: tuple[f
     }
 
 
-def spec_case(model: V41Model, session: Any, runner: DraftRunner, batch: int, context: int) -> dict:
+def spec_case(
+    model: V41Model, session: Any, runner: DraftRunner, full: DraftRunner, batch: int, context: int
+) -> dict:
     t_verify = {
         k: time_ms(lambda k=k: session.run(verify_step(model, batch, context, k)), warmup=2, repeats=6)
         for k in range(MAX_DRAFTS + 1)
     }
     requests = [DraftRequest(anchor=1, position=context - 1, slot=b) for b in range(batch)]
     t_draft = time_ms(lambda: runner.run(requests), warmup=2, repeats=6)
-    captured = runner.captured.get(bucket_size(batch))
+    captured = runner.captured.get(runner.key(bucket_size(batch), runner.greedy_variant(requests)))
     t_eager = time_ms(lambda: runner.run(requests, capture=False), warmup=1, repeats=5)
     row: dict[str, Any] = {"batch": batch, "context": context, "verify_ms": t_verify, "draft_ms": t_draft}
     row.update(
+        draft_variant="greedy" if runner.greedy_variant(requests) else "full",
+        draft_full_ms=time_ms(lambda: full.run(requests), warmup=2, repeats=6),
         draft_captured=captured is not None,
         draft_eager_ms=t_eager,
         draft_captures=runner.draft_captures,  # one per bucket: the repeats replayed
@@ -109,10 +115,11 @@ def spec_cases(
     session = session_for(model, weights, max(batches), context + MAX_DRAFTS + 1)
     fill_caches(session)
     runner = DraftRunner(session, weights)
+    full = DraftRunner(session, weights, greedy_variant=False)  # the same pass through the full graph
     rows = []
     for b in batches:
         try:
-            rows.append(spec_case(model, session, runner, b, context))
+            rows.append(spec_case(model, session, runner, full, b, context))
         except Exception as exc:  # one batch failing must not end the bench
             rows.append({"batch": b, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
     return rows
