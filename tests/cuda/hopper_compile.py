@@ -123,13 +123,24 @@ def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None)
         )
         splits = rule.num_splits(128, 512, block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True,
-                    DOT=dot, BLOCK_H=block_h, **shapes)  # fmt: skip
+                    DOT=dot, BLOCK_H=block_h, DRAFT=0, **shapes)  # fmt: skip
         print(f"attention tiling {name} ({dtype}): {t}", flush=True)
         for fn, types in (
             (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
             (attention_tl.fused_kernel, fused),
         ):
             _without_spills(fn, types, meta, t.num_warps, fusion=True, num_stages=t.num_stages, fail=False)
+    # draft_attention's mode: SWA only, the DSpark block of 5 rows widening the window of 128
+    t = rule.TILES
+    block_h, block_n = (16, min(t.block_n, rule.F32_BLOCK_N)) if dtype == "fp32" else (t.block_h, t.block_n)
+    splits = rule.num_splits(133, 0, block_n, t.split_tiles)
+    draft = dict(NUM_SPLITS=splits, WINDOW=133, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=False,
+                 DOT=dot, BLOCK_H=block_h, DRAFT=5, **shapes)  # fmt: skip
+    for fn, types in (
+        (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
+        (attention_tl.fused_kernel, fused),
+    ):
+        _without_spills(fn, types, draft, t.num_warps, fusion=True, fail=False)
     merge = {**state, "sink_ptr": "*fp32", "out_ptr": f"*{dtype}", "num_heads": "i32"}
     _compile(attention_tl.merge_kernel, merge, dict(NUM_SPLITS=5, BLOCK_H=rule.MERGE_H, **shapes), 4)
 

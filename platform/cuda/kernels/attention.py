@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.platform import env
-from dsgraph.platform.cpu import rules_attention
+from dsgraph.platform.cpu import rules_attention, rules_dspark
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
 
 
@@ -135,10 +135,11 @@ def num_splits(window: int, topk_width: int, block_n: int, split_tiles: int) -> 
 
 def launch(
     p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, operands: tuple[Tensor, ...], split: bool,
-    tiling: Tiles = TILES,
+    tiling: Tiles = TILES, draft: int = 0,
 ) -> Tensor:  # fmt: skip
     """Run the decode path (`split`: per-split programs, then the merge) or the prefill path, unchecked,
-    with `tiling` (TILES unless given: sweeps, tests)."""
+    with `tiling` (TILES unless given: sweeps, tests); `draft` > 0: the kernels' draft-block mode
+    (draft_attention below; p.window then counts the block's keys too)."""
     from dsgraph.platform.cuda.kernels import attention_tl as K
 
     rows, heads, width = q.shape
@@ -160,7 +161,7 @@ def launch(
     meta = dict(
         NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
         BLOCK_N=block_n, SPLIT_TILES=tiling.split_tiles, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
-        num_warps=tiling.num_warps,
+        DRAFT=draft, num_warps=tiling.num_warps,
     )  # fmt: skip
     if tiling.num_stages is not None:
         meta["num_stages"] = tiling.num_stages
@@ -179,13 +180,52 @@ def launch(
     return out
 
 
-RULES: dict[str, Any] = {"attention": attention}
+@dataclass(frozen=True)
+class _DraftWindow:
+    """The params launch reads, for a draft block: its context window plus the block's own keys."""
+
+    window: int
+    softmax_scale: float
+
+
+def _canonical_blocks(p: Any, operands: tuple[Tensor, ...]) -> bool:
+    """Whether every real sequence has exactly block_size contiguous rows at positions seq_start[s] + 0, 1,
+    .. (the runtime's draft layout, dspark_io.py), which the kernels' draft mode assumes (one host sync)."""
+    positions, seq_ids, seq_slot, seq_start = operands[:4]
+    real, seq = real_rows("draft_attention", seq_ids, seq_slot.shape[0])
+    offset = positions.long() - per_row(seq_start, seq, real).long()
+    counts = torch.zeros(max(seq_slot.shape[0], 1), dtype=torch.long, device=seq_ids.device)
+    counts = counts.scatter_add(0, seq, real.long())
+    row = torch.arange(positions.shape[0], device=positions.device)
+    first = (row - offset).clamp(0, max(positions.shape[0] - 1, 0))
+    good = (offset >= 0) & (offset < p.block_size) & (counts[seq] == p.block_size) & (seq[first] == seq)
+    return bool((good | ~real).all())
+
+
+def draft_attention(
+    p: Any, q: Tensor, kv: Tensor, ring: Tensor, sink: Tensor, *operands: Tensor, tiling: Tiles = TILES
+) -> Tensor:
+    """cuda rule of `draft_attention` (ops/dspark.py): the attention kernels in their draft mode, every row
+    of a block taking the keys of the block's last row (context positions a - window .. a - 1, then the
+    block's kv rows in row order), as the cpu rule orders them. The mode reads a row's place in its block
+    from its position (a + offset); checked steps verify that layout and run the cpu rule on any other
+    (unchecked, another layout gives wrong values, never reads outside the buffers). Values within the
+    attention kernels' tolerance of the cpu rule (tests/cuda/test_attention.py)."""
+    if not runs_kernels(q) or (should_check(q) and not _canonical_blocks(p, operands)):
+        return rules_dspark.draft_attention(p, q, kv, ring, sink, *operands)
+    if should_check(q):
+        real, seq = real_rows("draft_attention", operands[1], operands[2].shape[0])
+        slot = per_row(operands[2], seq, real)
+        require_in_range("draft_attention", slot, ring.shape[0], "ring slot of row", active=real)
+    widened = _DraftWindow(p.window + p.block_size, p.softmax_scale)
+    split = q.shape[0] <= tiling.decode_max_rows
+    return launch(widened, q, kv, ring, sink, operands, split=split, tiling=tiling, draft=p.block_size)
+
+
+RULES: dict[str, Any] = {"attention": attention, "draft_attention": draft_attention}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): split
 # programs and their merge up to decode_max_rows rows, else one fused program per row
 KERNELS: dict[str, tuple[str, ...]] = {
-    "attention": (
-        "attention_tl.split_kernel",
-        "attention_tl.merge_kernel",
-        "attention_tl.fused_kernel",
-    ),
+    op: ("attention_tl.split_kernel", "attention_tl.merge_kernel", "attention_tl.fused_kernel")
+    for op in ("attention", "draft_attention")
 }

@@ -219,10 +219,13 @@ def split_state(
     num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr, DOT: tl.constexpr,
+    DRAFT: tl.constexpr = 0,
 ):  # fmt: skip
     """Online-softmax state (m, lsum, acc of the `parity` half) of row t's heads over one split, fresh:
     splits 0 .. SWA_SPLITS - 1 hold the SWA tiles split*SPLIT_TILES .., then split SWA_SPLITS + i the
-    pool tiles i*SPLIT_TILES .. (i+1)*SPLIT_TILES - 1."""
+    pool tiles i*SPLIT_TILES .. (i+1)*SPLIT_TILES - 1. DRAFT > 0 (`draft_attention`: blocks of DRAFT
+    rows at positions seq_start ..): every row of a block takes the keys of the block's last row, whose
+    window (WINDOW = the op's window + DRAFT) is the context before seq_start plus the whole block."""
     seq = tl.load(seq_ptr + t)
     real = seq >= 0
     s = tl.maximum(seq, 0)
@@ -236,12 +239,16 @@ def split_state(
         slot = tl.load(slot_ptr + s, mask=real, other=0)
         start = tl.load(start_ptr + s, mask=real, other=0)
         first = tl.load(first_ptr + s, mask=real, other=0)
+        key_t = t
+        if DRAFT > 0:  # the block's last row: row t sits at position p, DRAFT - 1 - (p - start) before it
+            key_t = t + (DRAFT - 1) - (p - start)
+            p = start + (DRAFT - 1)
         for i in range(SPLIT_TILES):
             tile = split * SPLIT_TILES + i
             if tile < SWA_TILES:  # uniform: the last SWA split may hold fewer tiles
                 k_e, k_o, valid = swa_tile(
-                    kv_ptr, ring_ptr, tile, t, p, start, first, slot, real, c, cmask, num_rows, ring_len,
-                    WINDOW, HEAD_DIM, BLOCK_N, BLOCK_C,
+                    kv_ptr, ring_ptr, tile, key_t, p, start, first, slot, real, c, cmask, num_rows,
+                    ring_len, WINDOW, HEAD_DIM, BLOCK_N, BLOCK_C,
                 )  # fmt: skip
                 m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
     elif HAS_POOL:
@@ -264,7 +271,7 @@ def split_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, DRAFT: tl.constexpr = 0,
 ):  # fmt: skip
     """Decode path, grid (rows, head blocks x 2 halves, splits): a split's m, lsum [T, splits, H] (from the
     even program; the odd one computes the same bits) and acc [.., D] (even half, then odd half)."""
@@ -277,7 +284,7 @@ def split_kernel(
         q_e, q_o, c, cmask, parity, split, t,
         kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
         num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
-        WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
+        WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT, DRAFT,
     )  # fmt: skip
     state = (t.to(tl.int64) * NUM_SPLITS + split) * num_heads + h
     tl.store(m_ptr + state, m, mask=hmask & (parity == 0))
@@ -335,7 +342,7 @@ def fused_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr,
+    DOT: tl.constexpr, DRAFT: tl.constexpr = 0,
 ):  # fmt: skip
     """Prefill path, grid (rows, head blocks x 2 halves): every split of the row in one program, merged
     as it goes."""
@@ -351,7 +358,7 @@ def fused_kernel(
             q_e, q_o, c, cmask, parity, split, t,
             kv_ptr, ring_ptr, pool_ptr, pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr,
             topk_ptr, num_rows, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
-            WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT,
+            WINDOW, HEAD_DIM, BLOCK_H, BLOCK_C, BLOCK_N, SPLIT_TILES, HAS_POOL, DOT, DRAFT,
         )  # fmt: skip
         m, a, b = merge_weights(m, m_s)
         lsum = lsum * a + l_s * b
