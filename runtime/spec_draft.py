@@ -89,7 +89,9 @@ class DraftRunner:
         self.weights = {f"weights.{k}": held.get(f"weights.{k}", v).to(device) for k, v in draft.items()}
         self.bundle = getattr(session, "bundle", None)  # a bundle's session: its draft graphs are read
         self._types, self._stream = weight_types(draft, backbone_only=False), stream
-        self.greedy_enabled = greedy_variant
+        # the greedy variant, unless turned off or absent (a bundle compiled before it has none)
+        at_hand = self.bundle is None or self.bundle.has_kind(bundle_kind(True))
+        self.greedy_enabled = greedy_variant and at_hand
         self.graphs: dict[bool, Graph] = {}  # greedy variant? -> its graph, traced when first needed
         self.graph: Graph = self._graph(False)
         self.programs: dict[Any, Program] = {}
@@ -117,10 +119,8 @@ class DraftRunner:
 
     def greedy_variant(self, requests: Sequence[DraftRequest]) -> bool:
         """Whether a pass of `requests` runs the greedy variant: every request greedy (as the `sample` op
-        sees its f32 temperature), and the variant at hand (a bundle compiled before it has none)."""
-        greedy = all(np.float32(r.temperature) < GREEDY_BELOW for r in requests)
-        at_hand = self.bundle is None or self.bundle.has_kind(bundle_kind(True))
-        return greedy and self.greedy_enabled and at_hand
+        sees its f32 temperature) and the variant enabled."""
+        return self.greedy_enabled and all(np.float32(r.temperature) < GREEDY_BELOW for r in requests)
 
     @staticmethod
     def key(seqs: int, greedy: bool) -> Any:

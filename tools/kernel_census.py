@@ -159,6 +159,8 @@ def count_program(program: Any, args: Mapping[str, Any], layers: int) -> Census:
 
 def _meta_session(cfg: Any, seqs: int, length: int, weights: Any, dspark: bool = False) -> Any:
     """A cuda session on the meta device for `seqs` requests of `length` tokens."""
+    if not dsgraph_env.triton_interpreting():
+        raise RuntimeError("kernel census: run with TRITON_INTERPRET=1 set before triton is imported")
     from dsgraph.models.deepseek_v41.step_io import ratios
     from dsgraph.runtime.engine_config import CudaConfig
     from dsgraph.runtime.session import CacheSizes, Session
@@ -177,8 +179,6 @@ def census(cfg: Any, step: str, batch: int, context: int) -> Census:
     from dsgraph.models.deepseek_v41.dummy_weights import meta_serving_weights
     from dsgraph.tools.bench.steps import decode_step, prefill_step
 
-    if not dsgraph_env.triton_interpreting():
-        raise RuntimeError("kernel census: run with TRITON_INTERPRET=1 set before triton is imported")
     seqs, length = (batch, context) if step == "decode" else (1, batch)
     session = _meta_session(cfg, seqs, length, meta_serving_weights(cfg))
     model = session.model
@@ -241,8 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = _config(args.model)
     if args.step in ("draft", "draft_greedy"):
-        if not dsgraph_env.triton_interpreting():
-            raise RuntimeError("kernel census: run with TRITON_INTERPRET=1 set before triton is imported")
         result = draft_census(cfg, args.batch, args.context, args.step == "draft_greedy")
     else:
         result = census(cfg, args.step, args.batch, args.context)

@@ -23,7 +23,7 @@ keys as absent and keep every address inside its buffer: a bad step gives wrong 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -180,19 +180,14 @@ def launch(
     return out
 
 
-@dataclass(frozen=True)
-class _DraftWindow:
-    """The params launch reads, for a draft block: its context window plus the block's own keys."""
-
-    window: int
-    softmax_scale: float
-
-
-def _canonical_blocks(p: Any, operands: tuple[Tensor, ...]) -> bool:
-    """Whether every real sequence has exactly block_size contiguous rows at positions seq_start[s] + 0, 1,
-    .. (the runtime's draft layout, dspark_io.py), which the kernels' draft mode assumes (one host sync)."""
+def _check_draft(p: Any, ring: Tensor, operands: tuple[Tensor, ...]) -> bool:
+    """The cpu rule's ring-slot error, then whether every real sequence has exactly block_size contiguous
+    rows at positions seq_start[s] + 0, 1, .. (the runtime's draft layout, dspark_io.py), which the
+    kernels' draft mode assumes (host syncs: checked steps only)."""
     positions, seq_ids, seq_slot, seq_start = operands[:4]
     real, seq = real_rows("draft_attention", seq_ids, seq_slot.shape[0])
+    slot = per_row(seq_slot, seq, real)
+    require_in_range("draft_attention", slot, ring.shape[0], "ring slot of row", active=real)
     offset = positions.long() - per_row(seq_start, seq, real).long()
     counts = torch.zeros(max(seq_slot.shape[0], 1), dtype=torch.long, device=seq_ids.device)
     counts = counts.scatter_add(0, seq, real.long())
@@ -211,13 +206,9 @@ def draft_attention(
     from its position (a + offset); checked steps verify that layout and run the cpu rule on any other
     (unchecked, another layout gives wrong values, never reads outside the buffers). Values within the
     attention kernels' tolerance of the cpu rule (tests/cuda/test_attention.py)."""
-    if not runs_kernels(q) or (should_check(q) and not _canonical_blocks(p, operands)):
+    if not runs_kernels(q) or (should_check(q) and not _check_draft(p, ring, operands)):
         return rules_dspark.draft_attention(p, q, kv, ring, sink, *operands)
-    if should_check(q):
-        real, seq = real_rows("draft_attention", operands[1], operands[2].shape[0])
-        slot = per_row(operands[2], seq, real)
-        require_in_range("draft_attention", slot, ring.shape[0], "ring slot of row", active=real)
-    widened = _DraftWindow(p.window + p.block_size, p.softmax_scale)
+    widened = replace(p, window=p.window + p.block_size)  # the context and the block's own keys
     split = q.shape[0] <= tiling.decode_max_rows
     return launch(widened, q, kv, ring, sink, operands, split=split, tiling=tiling, draft=p.block_size)
 
