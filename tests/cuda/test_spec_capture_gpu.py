@@ -19,12 +19,12 @@ from dsgraph.models.deepseek_v41.step_io import default_geometry, ratios
 from dsgraph.runtime.llm import LLM
 from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.session import CacheSizes, Session
-from dsgraph.runtime.spec_draft import DraftOutput, DraftRunner
+from dsgraph.runtime.spec_draft import DraftRunner
 from dsgraph.tools.bench.model_bench import fill_caches
 from dsgraph.tools.bench.steps import pages_for
 from tests.cuda.test_engine_gpu import _tokens as engine_tokens
 from tests.oracle import model_fixtures as fx
-from tests.runtime.test_spec_draft_capture import CONTEXT, SLOTS, assert_same, requests
+from tests.runtime.test_spec_draft_capture import CONTEXT, SLOTS, assert_same, copied, requests
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 CURVE = ((8, 64, 256), (1.0, 1.2, 2.0))
@@ -65,10 +65,11 @@ def test_draft_graph_is_captured_whole_and_equals_eager(tmp_path: Path) -> None:
     fill_caches(session)
     runner = DraftRunner(session, weights)
     for step, n in enumerate([1, 3, 2, 3, 1, 4]):
-        got = runner.run(requests(n, step))
-        got = DraftOutput(got.tokens, got.logprobs.clone(), got.confidence)
+        got = copied(runner.run(requests(n, step)))
         assert_same(got, runner.run(requests(n, step), capture=False), f"pass {step} ({n} requests)")
-    assert runner.draft_captures == 3
+    # pass 0's one request is greedy (the greedy variant's bucket 1), passes 1-3 and 5 mix greedy and
+    # sampled rows (full buckets 4 and 2), pass 4's one request samples (full bucket 1)
+    assert set(runner.captured) == {(1, "greedy"), 1, 2, 4} and runner.draft_captures == 4
     for seqs, captured in runner.captured.items():
         assert captured.num_eager == 0 and captured.num_graphs == 1, f"bucket {seqs}: {runner.as_text()}"
     assert torch.cuda.is_available()

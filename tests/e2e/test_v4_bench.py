@@ -17,6 +17,8 @@ def test_bench_config_is_the_release_width_truncated() -> None:
     cfg = parse_config(bench_config(3, None))
     assert (cfg.text.hidden_size, cfg.text.n_routed_experts, cfg.text.num_hidden_layers) == (4096, 256, 3)
     assert cfg.quant is not None and cfg.quant.weight_block_size == (128, 128)
+    # vLLM builds the routing bias of its non-hash layers only when the config names the method
+    assert bench_config(4, None)["topk_method"] == "noaux_tc"
 
 
 @pytest.mark.slow

@@ -39,6 +39,10 @@ def bench_config(layers: int, config: str | None) -> dict[str, Any]:
     cfg.pop("layer_types", None)
     cfg.setdefault("rope_scaling", dict(RELEASE_YARN))
     cfg.setdefault("quantization_config", dict(RELEASE_QUANT))
+    # the release's config names the router's method; vLLM creates the routing bias only when it is named
+    # (without it vLLM's non-hash layers route through a plain top-k that rejects sqrtsoftplus); dsgraph
+    # and transformers read the bias from the checkpoint either way
+    cfg.setdefault("topk_method", "noaux_tc")
     cfg["num_nextn_predict_layers"] = 0
     # a truncated model keeps the release's leading hash-routed layers, as many as it has layers
     cfg["num_hash_layers"] = min(int(cfg.get("num_hash_layers", 0)), layers)
@@ -151,6 +155,10 @@ _VLLM_ENV = {
     "TILELANG_CACHE_DIR": "/tmp/vllm_cache/tilelang",
     "TRITON_CACHE_DIR": "/tmp/vllm_cache/triton",
     "CUDA_HOME": "/usr/local/cuda",  # nvcc for DeepGEMM's and TileLang's JIT
+    # vLLM's start-up compiles kernels ahead of use: its JIT warmup (349 s on one H100 for 4 layers) and
+    # DeepGEMM's for every M up to the token budget (1,724 more); run_vllm's untimed generate runs the
+    # timed shapes first and compiles what they use, so skipping both changes no timed figure
+    "VLLM_DEEP_GEMM_WARMUP": "skip",
 }
 
 
@@ -163,7 +171,7 @@ def run_vllm(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, An
 
     llm = vllm.LLM(model=str(args.dir), max_model_len=args.prompt_len + args.decode_tokens + 8,
                    max_num_seqs=args.batch, enable_prefix_caching=False, load_format="dummy",
-                   skip_tokenizer_init=True)  # fmt: skip
+                   skip_tokenizer_init=True, kernel_config={"enable_jit_warmup": False})  # fmt: skip
     batch = [{"prompt_token_ids": p} for p in prompts]
     same = dict(temperature=0, ignore_eos=True, detokenize=False)
     one = vllm.SamplingParams(max_tokens=1, **same)

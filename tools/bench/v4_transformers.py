@@ -96,34 +96,50 @@ def _first_sub(rules: list[tuple[str, str]], name: str) -> str:
     return name
 
 
-def hf_state_dict(weights: dict[str, Tensor], device: str = "cpu") -> dict[str, Tensor]:
-    """Renamed and stacked on `device`; `weights` is emptied as it goes, so that a full-width model's
-    dequantized experts are never held twice in host memory."""
-    out: dict[str, Tensor] = {}
-    experts: dict[tuple[int, str], dict[int, Tensor]] = {}
-    for name in list(weights):
-        w = weights.pop(name).to(device)
-        m = _EXPERT.fullmatch(name)
-        if m:
-            experts.setdefault((int(m[1]), m[3]), {})[int(m[2])] = w
-            continue
-        new = name
-        for pattern, repl in _LEAF:
-            new = re.sub(pattern, repl, new)
-        if new.startswith("layers."):
-            head, rest = re.match(r"(layers\.\d+\.)(.*)", new).groups()
-            rest = _first_sub(_LAYER, rest)
-            new = "model." + head + _first_sub(_COMP, rest)
-        out[new] = w
-    for (layer, which), by_id in list(experts.items()):
-        stack = torch.stack([by_id[e] for e in range(len(by_id))])
-        experts[(layer, which)] = {0: stack}
-    for layer in {k[0] for k in experts}:
-        p = f"model.layers.{layer}.mlp.experts."
-        w1, w2, w3 = (experts[(layer, w)][0] for w in ("w1", "w2", "w3"))
-        out[p + "gate_up_proj"] = torch.cat((w1, w3), dim=1)
-        out[p + "down_proj"] = w2
-    return out
+def hf_name(name: str) -> str:
+    """transformers' name of a released tensor that is not a routed expert's."""
+    new = name
+    for pattern, repl in _LEAF:
+        new = re.sub(pattern, repl, new)
+    if new.startswith("layers."):
+        head, rest = re.match(r"(layers\.\d+\.)(.*)", new).groups()
+        rest = _first_sub(_LAYER, rest)
+        new = "model." + head + _first_sub(_COMP, rest)
+    return new
+
+
+def _target(params: dict[str, Tensor], name: str) -> tuple[str, Tensor]:
+    """The model tensor (or the slice of a stacked expert tensor) a released tensor fills."""
+    m = _EXPERT.fullmatch(name)
+    if m is None:
+        key = hf_name(name)
+        if key not in params:
+            raise KeyError(f"transformers V4: no tensor {key!r} for checkpoint tensor {name!r}")
+        return key, params[key]
+    layer, expert, which = int(m[1]), int(m[2]), m[3]
+    key = f"model.layers.{layer}.mlp.experts." + ("down_proj" if which == "w2" else "gate_up_proj")
+    stacked = params[key][expert]
+    half = stacked.shape[0] // 2
+    return key, {"w1": stacked[:half], "w3": stacked[half:], "w2": stacked}[which]
+
+
+def copy_weights(model: Any, weights: dict[str, Tensor]) -> None:
+    """Copy the checkpoint's tensors into the model's own (cast to each parameter's dtype and device);
+    `weights` is emptied as it goes, so nothing is ever held twice: not on the host (the dequantized
+    experts of full-width layers), not on the GPU (the model and a second copy of its weights)."""
+    params = model.state_dict(keep_vars=True)  # the parameters and persistent buffers themselves
+    filled: set[str] = set()
+    with torch.no_grad():
+        for name in list(weights):
+            w = weights.pop(name)
+            key, dest = _target(params, name)
+            if dest.shape != w.shape:
+                raise ValueError(f"transformers V4: {name} {tuple(w.shape)} does not fit {key} {tuple(dest.shape)}")
+            dest.copy_(w)
+            filled.add(key)
+    missing = sorted(k for k in set(params) - filled if "rotary_emb" not in k)  # rotary: computed
+    if missing:
+        raise KeyError(f"transformers V4: parameters not in the checkpoint: {missing}")
 
 
 def load_tf_model(
@@ -156,11 +172,7 @@ def load_tf_model(
     for name, module in model.named_modules():
         if any(f".{k}." in f".{name}." or name.endswith(k) for k in keep):
             module.float()
-    state = hf_state_dict(weights, device)
-    missing, unexpected = model.load_state_dict(state, strict=False)  # casts per param
-    missing = [k for k in missing if "rotary_emb" not in k]
-    if missing or unexpected:
-        raise KeyError(f"transformers V4: missing {missing}, unexpected {unexpected}")
+    copy_weights(model, weights)
     return model
 
 
