@@ -92,10 +92,10 @@ def _stage(f: Forward, plan: LayerPlan, stage: int, x: Tracer, a: Tracer | None)
     return x, pre_f
 
 
-def _slot(f: Forward, x: Tracer, k: int) -> Tracer:
-    """Rows of block slot k, one per sequence: x [T, *] -> [seqs, *]."""
-    rows = op.reshape(op.slice(f.step["block_rows"], axis=1, start=k, stop=k + 1), shape=("seqs",))
-    return op.gather_rows(x, rows)
+def _slot(x: Tracer, k: int) -> Tracer:
+    """Slot k of a per-block tensor: x [seqs, K, *] -> [seqs, *] (a view on cuda, no launch)."""
+    one = op.slice(x, axis=1, start=k, stop=k + 1)
+    return op.reshape(one, shape=("seqs", *x.shape[2:]))
 
 
 def _dense(f: Forward, x: Tracer, name: str) -> Tracer:
@@ -122,35 +122,42 @@ def _heads(
 ) -> dict[str, Tracer]:
     """The sequential Markov head and the confidence head over the collapsed last-stage state h [T, H].
 
-    The shared head's U_k does not depend on the sequential part: it runs once over every block row (one
-    read of the [V, H] head per pass, not one per slot; each row's bits are its own, the linear being
-    batch invariant) and each slot takes its rows. Returns [seqs, 1, *] pieces per slot, concatenated by
-    the caller; `base`/`logits` only with debug, `logprobs` only without `greedy`."""
+    Only the draws are sequential (slot k's Markov correction reads the token of slot k-1). The shared
+    head's U runs once over every block row [T, V] and the confidence head once over every (sequence,
+    slot) [seqs, K, H + rank] after the draws (one read of each weight per pass, not one per slot); the
+    dense linear is batch invariant, so each row keeps the bits of a per-slot pass. Returns [seqs, K, *]
+    outputs; `base`/`logits` only with debug, `logprobs` only without `greedy`."""
     t, s = f.text, f.step
     last = f"mtp.{t.num_nextn_predict_layers - 1}."
     params = [s[n] for n in ("temperature", "top_p", "top_k", "min_p")]
-    prev = _slot(f, s["token_ids"], 0)  # the anchor
+    rows = s["block_rows"]  # [seqs, K]
     normed_rows = f.norm(h, last + "norm.weight")
     base_rows = _dense(f, normed_rows, "head.weight")  # U of every block row [T, V]
+    positions = op.gather_rows(s["positions"], rows) + 1  # slot k drafts the token of position a+k+1
+    embed_w = f.w(last + "markov_head.embed.weight")
+    prev = op.gather_rows(s["token_ids"], _slot(rows, 0))  # the anchor
     outs: dict[str, list[Tracer]] = {}
+    drawn = []
     for k in range(t.dspark_block_size):
-        base = _slot(f, base_rows, k)  # U_k [seqs, V]
-        e_k = op.gather_rows(f.w(last + "markov_head.embed.weight"), prev)  # [seqs, rank]
-        logits = base + _dense(f, e_k, last + "markov_head.head.weight")
-        position = _slot(f, s["positions"], k) + 1  # slot k drafts the token of position a+k+1
-        token, logprobs = draw(logits, params, s["seed"], position, stream, greedy)
-        state = _slot(f, h if confidence_input == "pre_norm" else normed_rows, k)
-        joined = op.concat(f.cast(state, "f32"), f.cast(e_k, "f32"), axis=1)
-        confidence = op.sigmoid(_dense(f, joined, last + "confidence_head.proj.weight"))  # [seqs, 1]
-        pieces = {"tokens": token, "confidence": confidence}
+        base = op.gather_rows(base_rows, _slot(rows, k))  # U_k [seqs, V]
+        logits = base + _dense(f, op.gather_rows(embed_w, prev), last + "markov_head.head.weight")
+        token, logprobs = draw(logits, params, s["seed"], _slot(positions, k), stream, greedy)
+        pieces = {"tokens": token}
         if logprobs is not None:
             pieces["logprobs"] = logprobs
         if f.debug is not None:
             pieces.update(base=base, logits=logits)
         for name, value in pieces.items():
             outs.setdefault(name, []).append(op.reshape(value, shape=("seqs", 1, *value.shape[1:])))
+        drawn.append(prev)
         prev = token
-    return {name: op.concat(*values, axis=1) for name, values in outs.items()}
+    joined = op.concat(*(op.reshape(d, shape=("seqs", 1)) for d in drawn), axis=1)  # prev_k [seqs, K]
+    e = op.gather_rows(embed_w, joined)  # e_k [seqs, K, rank]
+    state = op.gather_rows(h if confidence_input == "pre_norm" else normed_rows, rows)  # h_k [seqs, K, H]
+    features = op.concat(f.cast(state, "f32"), f.cast(e, "f32"), axis=2)
+    confidence = op.sigmoid(_dense(f, features, last + "confidence_head.proj.weight"))  # [seqs, K, 1]
+    result = {name: op.concat(*values, axis=1) for name, values in outs.items()}
+    return {**result, "confidence": confidence}
 
 
 def trace_draft(
@@ -196,7 +203,7 @@ def trace_draft(
         out = {"draft_tokens": heads["tokens"]}
         if not greedy:
             out["draft_logprobs"] = heads["logprobs"]
-        out["confidence"] = op.reshape(heads["confidence"], shape=("seqs", k))
+        out["confidence"] = op.reshape(heads["confidence"], shape=("seqs", k))  # [seqs, K, 1] -> [seqs, K]
         if f.debug is not None:
             out["debug"] = {**f.debug, "base_logits": heads["base"], "draft_logits": heads["logits"]}
         return out

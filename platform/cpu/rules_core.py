@@ -84,7 +84,8 @@ def gather_rows(_p: Any, table: Tensor, index: Tensor) -> Tensor:
     if checking() and index.numel() and (int(index.min()) < 0 or int(index.max()) >= table.shape[0]):
         bad = index[(index < 0) | (index >= table.shape[0])][0]
         raise IndexError(f"gather_rows: index {int(bad)} outside [0, {table.shape[0]})")
-    return table[index.long()]
+    # index_select takes i32 indices as they are (indexing would launch a cast to i64 first on cuda)
+    return table.index_select(0, index.reshape(-1)).reshape(*index.shape, *table.shape[1:])
 
 
 def rms_norm(p: Any, x: Tensor, w: Tensor) -> Tensor:

@@ -285,6 +285,17 @@ def _fused() -> None:
     # the MoE's routed sum (f32) plus its shared expert (bf16), rounded to bf16
     add = {"a_ptr": f32, "b_ptr": bf16, "out_ptr": bf16, "size": "i32"}
     _without_spills(elementwise_tl.add_f32_kernel, add, dict(BLOCK=elementwise.BLOCK))
+    from dsgraph.platform.cuda.kernels import sampling, sampling_tl
+
+    # greedy tokens: the split argmax (with and without the bitmask) and the merge of 32 pieces
+    i32 = "*i32"
+    parts = {"val_ptr": f32, "idx_ptr": i32, "nan_ptr": i32, "alive_ptr": i32}
+    split = {"logits_ptr": f32, "allowed_ptr": i32, **parts, "vocab": "i32", "words": "i32", "splits": "i32"}
+    for mask in (False, True):
+        _without_spills(sampling_tl.argmax_split_kernel, split, dict(HAS_MASK=mask, CHUNK=sampling.CHUNK), 8)
+    outs = {"token_ptr": i32, "logprob_ptr": f32, "top_lp_ptr": f32, "top_ids_ptr": i32}
+    merge = {**parts, **outs, "vocab": "i32", "splits": "i32", "k": "i32"}
+    _without_spills(sampling_tl.argmax_merge_kernel, merge, dict(SPLITS=32, K=1), 1)
 
 
 def _moe(every: bool = False) -> None:
