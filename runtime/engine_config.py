@@ -170,7 +170,9 @@ class SpeculativeConfig:
     draft_pause: skip the draft pass while the realised acceptance does not pay for it, re-probing with
     exponential backoff (runtime/spec_pause.py; needs a curve). draft_cost: (sequence counts, draft pass
     ms, one time or one per draft depth) used as given; None profiles the pass with the curve (when the
-    curve is profiled), or takes it as free beside a given throughput_curve."""
+    curve is profiled), or takes it as free beside a given throughput_curve. draft_cost_greedy: the same
+    for the drafter's greedy variant (passes whose requests are all greedy, several times cheaper than
+    the full graph's sorted sampling); None with a given draft_cost: draft_cost prices both."""
 
     mode: str = "auto"
     verify_schedule: str = "confidence"
@@ -179,6 +181,7 @@ class SpeculativeConfig:
     throughput_curve: Pairs | None = None
     draft_pause: bool = True
     draft_cost: Pairs | None = None
+    draft_cost_greedy: Pairs | None = None
 
     def __post_init__(self) -> None:
         p = "EngineConfig.speculative"
@@ -189,8 +192,11 @@ class SpeculativeConfig:
         _bool(f"{p}.draft_pause", self.draft_pause)
         if self.throughput_curve is not None:
             _check_curve(f"{p}.throughput_curve", self.throughput_curve)
-        if self.draft_cost is not None:
-            check_draft_cost(self.draft_cost, f"{p}.draft_cost")
+        for name in ("draft_cost", "draft_cost_greedy"):
+            if getattr(self, name) is not None:
+                check_draft_cost(getattr(self, name), f"{p}.{name}")
+        if self.draft_cost_greedy is not None and self.draft_cost is None:
+            raise ValueError(f"{p}.draft_cost_greedy is given without draft_cost (the full graph's pass)")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from dsgraph.runtime.sampling_params import SamplingParams
 from dsgraph.runtime.scheduler import StepPlan
 from dsgraph.runtime.seq_info import RELEASED, SeqInfo, force_rows
 from dsgraph.runtime.spec_draft import DraftRunner
-from dsgraph.runtime.spec_pause import DraftCost, DraftPause
+from dsgraph.runtime.spec_pause import DraftCost, DraftCosts, DraftPause
 from dsgraph.runtime.spec_schedule import VerifyScheduler
 from dsgraph.runtime.structured.state import StructuredState
 
@@ -83,7 +83,7 @@ class SpecDecoder:
         self.vocab = vocab = session.model.cfg.text.vocab_size
         self.pool = torch.zeros(session.cache_sizes.num_slots, nextn, vocab, device=session.device)
         self.confidence: dict[int, np.ndarray] = {}  # rid -> confidences of the drafts it holds
-        self.cost = DraftCost()  # setup_spec replaces it with the profiled or given draft cost
+        self.cost = DraftCosts(DraftCost())  # setup_spec replaces it with the profiled or given cost
         self.pause: DraftPause | None = None  # None: draft every step (draft_pause off, or no curve)
         self.draft_passes = 0
         self.structured: StructuredState | None = None  # the engine's grammars (constrained requests)
@@ -217,16 +217,18 @@ class SpecDecoder:
             )
             todo.append((k, anchor))
             drafted.append((k, info))
-        if todo and self.pause is not None and not self.pause.decide(len(todo)):
+        greedy = self.drafter.greedy_variant([r for _, r in todo])
+        if todo and self.pause is not None and not self.pause.decide(len(todo), greedy):
             todo, drafted = [], []  # paused: the requests go on as plain decode rows
         # a probe's drafts measure the acceptance: the planner verifies them as paid for
         probe = self.pause is not None and self.pause.last_probe
-        self.next_draft_depth_ms = self.cost.by_depth(len(todo)) if todo and not probe else []
+        pricing = self.cost.pricing(greedy)
+        self.next_draft_depth_ms = pricing.by_depth(len(todo)) if todo and not probe else []
         if todo:
             start_time = time.perf_counter()
             out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised
             if not self.drafter.last_captured:  # a pass that captured its bucket: its time is not a cost
-                self.cost.observe(len(todo), (time.perf_counter() - start_time) * 1e3)
+                self.cost.measuring(greedy).observe(len(todo), (time.perf_counter() - start_time) * 1e3)
             self.draft_passes += 1
             width = min(self.nextn, out.tokens.shape[1])
             if out.logprobs is not None:  # None: greedy requests only, whose p_d verification never reads

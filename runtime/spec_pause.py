@@ -24,7 +24,7 @@ import numpy as np
 from dsgraph.runtime.spec_schedule import ThroughputCurve, plan_rate, plan_verification
 from dsgraph.runtime.step_padding import bucket_size
 
-__all__ = ["DraftCost", "DraftPause", "PauseConfig"]
+__all__ = ["DraftCost", "DraftCosts", "DraftPause", "PauseConfig"]
 
 
 class DraftCost:
@@ -82,6 +82,26 @@ class DraftCost:
         self.ms[b] = measured_ms if old is None else old + self.alpha * (measured_ms - old)
 
 
+@dataclass
+class DraftCosts:
+    """The draft pass's cost by drafter variant (runtime/spec_draft.py): a pass of greedy requests only
+    runs the greedy variant, any other the full graph, whose sorted sampling of the vocabulary per slot
+    takes several times longer (3.5x at batch 1 on an H100, bench spec part). Each variant is priced and
+    measured on its own table; `greedy` None: one table for both (a given draft_cost, or a drafter
+    without the variant). A variant whose table knows nothing yet is priced by the full graph's."""
+
+    full: DraftCost
+    greedy: DraftCost | None = None
+
+    def pricing(self, greedy: bool) -> DraftCost:
+        """The table that predicts a pass of this variant."""
+        return self.greedy if greedy and self.greedy is not None and self.greedy.ms else self.full
+
+    def measuring(self, greedy: bool) -> DraftCost:
+        """The table a measured pass of this variant updates."""
+        return self.greedy if greedy and self.greedy is not None else self.full
+
+
 @dataclass(frozen=True)
 class PauseConfig:
     max_backoff: int = 64  # the longest pause (steps) between probes
@@ -98,9 +118,9 @@ class DraftPause:
     """The per-step draft-or-skip decision (module doc); counts paused steps and probes."""
 
     def __init__(
-        self, curve: ThroughputCurve, cost: DraftCost, nextn: int, config: PauseConfig = PauseConfig()
+        self, curve: ThroughputCurve, costs: DraftCosts, nextn: int, config: PauseConfig = PauseConfig()
     ) -> None:
-        self.curve, self.cost, self.nextn, self.config = curve, cost, nextn, config
+        self.curve, self.costs, self.nextn, self.config = curve, costs, nextn, config
         self.rate = np.full(nextn, np.nan)  # realised conditional acceptance per position (EMA)
         self.seed = np.ones(nextn)  # mean confidences of the newest drafts (optimistic before any)
         self.backoff, self.skip_left, self.probe = 1, 0, False
@@ -132,20 +152,23 @@ class DraftPause:
     def estimate(self) -> np.ndarray:
         return np.where(np.isnan(self.rate), self.seed, self.rate)
 
-    def rates(self, seqs: int) -> tuple[float, float]:
-        """Predicted tokens per ms (drafting every step, without drafting) for `seqs` decode sequences.
-        Drafting's rate is its best plan's (`plan_verification` charges the draft pass to plans that
-        verify drafts); when that plan verifies nothing, drafting would pay the pass for no draft."""
+    def rates(self, seqs: int, greedy: bool = False) -> tuple[float, float]:
+        """Predicted tokens per ms (drafting every step, without drafting) for `seqs` decode sequences,
+        the pass priced as the `greedy` variant or the full graph. Drafting's rate is its best plan's
+        (`plan_verification` charges the draft pass to plans that verify drafts); when that plan
+        verifies nothing, drafting would pay the pass for no draft."""
         n = min(seqs, self.curve.largest)
         conf = np.tile(self.estimate(), (n, 1))
-        plan = plan_verification(conf, self.curve, n * self.nextn, draft_ms=self.cost.by_depth(seqs))
+        cost = self.costs.pricing(greedy)
+        plan = plan_verification(conf, self.curve, n * self.nextn, draft_ms=cost.by_depth(seqs))
         without = n / self.curve.predict(n)
         if plan.total_drafts == 0:
-            return n / (self.curve.predict(n) + (self.cost.predict(seqs) or 0.0)), without
+            return n / (self.curve.predict(n) + (cost.predict(seqs) or 0.0)), without
         return plan_rate(plan), without
 
-    def decide(self, seqs: int) -> bool:
-        """Whether to run the draft pass for `seqs` sequences going on to the next step."""
+    def decide(self, seqs: int, greedy: bool = False) -> bool:
+        """Whether to run the draft pass (the `greedy` variant or the full graph) for `seqs` sequences
+        going on to the next step."""
         self.last_probe = False
         if self.skip_left > 0:
             self.skip_left -= 1
@@ -157,7 +180,7 @@ class DraftPause:
             self.probes += 1
             self.last_probe = True
             return True
-        with_drafts, without = self.rates(seqs)
+        with_drafts, without = self.rates(seqs, greedy)
         if with_drafts > without:
             self.backoff = 1
             return True

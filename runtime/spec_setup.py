@@ -22,7 +22,7 @@ from dsgraph.runtime.derived_configs import spec_schedule_config
 from dsgraph.runtime.engine_config import MAX_DRAFT_LEN, SpeculativeConfig
 from dsgraph.runtime.scheduler import default_buckets
 from dsgraph.runtime.spec_engine import SpecDecoder
-from dsgraph.runtime.spec_pause import DraftCost, DraftPause
+from dsgraph.runtime.spec_pause import DraftCost, DraftCosts, DraftPause
 from dsgraph.runtime.spec_schedule import (
     ThroughputCurve,
     VerifyScheduler,
@@ -123,20 +123,22 @@ def profile_session(session: Any, buckets: list[int], *, repeats: int = 5) -> Th
 
 
 def profile_drafter(
-    session: Any, decoder: SpecDecoder, max_num_seqs: int, *, repeats: int = 5
+    session: Any, decoder: SpecDecoder, max_num_seqs: int, *, greedy: bool = False, repeats: int = 5
 ) -> dict[int, float]:
-    """Draft pass ms per bucket of sequences (powers of two up to max_num_seqs), cached on disk beside
-    the throughput curve (in its `draft/` folder); the passes draft from position 0 of slots 0.. (the
-    rings are cleared after)."""
+    """Draft pass ms per bucket of sequences (powers of two up to max_num_seqs) of the greedy variant or
+    the full graph (sampled requests), cached on disk beside the throughput curve (in its `draft/`
+    folder); the passes draft from position 0 of slots 0.. (the rings are cleared after)."""
     slots = session.cache_sizes.num_slots
     buckets = [1 << i for i in range(max(max_num_seqs - 1, 0).bit_length() + 1)]
+    temperature = 0.0 if greedy else 1.0
 
-    def run(n: int) -> None:
-        decoder.drafter.run([DraftRequest(0, 0, i % slots) for i in range(n)])  # tokens synchronise
+    def run(n: int) -> None:  # tokens synchronise
+        decoder.drafter.run([DraftRequest(0, 0, i % slots, temperature=temperature) for i in range(n)])
 
     device = session.runner.device_name()
     model = session.model
-    key_config = repr(("draft pass", model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
+    variant = "greedy variant" if greedy else "full graph"
+    key_config = repr(("draft pass", variant, model.cfg, model.geo, model.num, session.cache_sizes.sizes()))
     cost = load_or_profile_curve(
         wall_clock(run),
         buckets,
@@ -148,6 +150,18 @@ def profile_drafter(
     for name in decoder.drafter.cache_names:
         session.caches[name].zero_()
     return dict(zip(cost.sizes, cost.step_ms, strict=True))
+
+
+def given_cost(pairs: Any) -> DraftCost | None:
+    return None if pairs is None else DraftCost(dict(zip(*pairs, strict=True)), fixed=True)
+
+
+def profiled_costs(session: Any, decoder: SpecDecoder, max_num_seqs: int) -> DraftCosts:
+    """The full graph's pass, and the greedy variant's where the drafter has it."""
+    full = DraftCost(profile_drafter(session, decoder, max_num_seqs))
+    if not decoder.drafter.greedy_enabled:
+        return DraftCosts(full)
+    return DraftCosts(full, DraftCost(profile_drafter(session, decoder, max_num_seqs, greedy=True)))
 
 
 def setup_spec(
@@ -164,14 +178,14 @@ def setup_spec(
     decoder = SpecDecoder(
         engine.session, weights, engine.sampler, sched, nextn=spec.nextn, deterministic=c.deterministic
     )
-    if c.draft_cost is not None:
-        decoder.cost = DraftCost(dict(zip(*c.draft_cost, strict=True)), fixed=True)
+    if c.draft_cost is not None:  # given; without draft_cost_greedy one table prices both variants
+        decoder.cost = DraftCosts(given_cost(c.draft_cost), given_cost(c.draft_cost_greedy))
     elif c.throughput_curve is None and curve is not None:  # profiled with the curve, cached beside it
-        decoder.cost = DraftCost(profile_drafter(engine.session, decoder, limits.max_num_seqs))
+        decoder.cost = profiled_costs(engine.session, decoder, limits.max_num_seqs)
     elif c.throughput_curve is not None:
         # a given curve has its own time scale: passes timed on this host are not in it, so without a
         # given draft_cost the planner takes the pass as free (as before any pass is measured)
-        decoder.cost = DraftCost(fixed=True)
+        decoder.cost = DraftCosts(DraftCost(fixed=True))
     if c.draft_pause and sched.curve is not None:
         decoder.pause = DraftPause(sched.curve, decoder.cost, spec.nextn)
     return decoder, sched.curve

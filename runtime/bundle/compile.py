@@ -131,10 +131,17 @@ def _tables(engine: Any) -> dict[str, Any]:
     curve = spec.scheduler.curve
     if curve is not None:
         out["throughput_curve"] = [list(curve.sizes), list(curve.step_ms)]
-    if spec.cost.ms:
-        seqs = sorted(spec.cost.ms)
-        out["draft_cost"] = [seqs, [spec.cost.ms[s] for s in seqs]]
+    full, greedy = spec.cost.full, spec.cost.greedy
+    if full.ms:  # the greedy variant's table only beside the full graph's (the config's rule)
+        out["draft_cost"] = _cost_table(full.ms)
+        if greedy is not None and greedy.ms:
+            out["draft_cost_greedy"] = _cost_table(greedy.ms)
     return out
+
+
+def _cost_table(ms: dict[int, float]) -> list[list[Any]]:
+    seqs = sorted(ms)
+    return [seqs, [ms[s] for s in seqs]]
 
 
 def _placement(root: Path, rank: Any) -> None:

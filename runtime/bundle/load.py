@@ -154,8 +154,10 @@ class Bundle:
         tables = self.manifest.get("tables", {})
         spec = config.speculative
         curve = spec.throughput_curve or _pair(tables.get("throughput_curve"))
-        cost = spec.draft_cost or _pair(tables.get("draft_cost"))
-        return replace(config, speculative=replace(spec, throughput_curve=curve, draft_cost=cost))
+        if spec.draft_cost is not None:  # the caller's draft costs, as given
+            return replace(config, speculative=replace(spec, throughput_curve=curve))
+        costs = {name: _pair(tables.get(name)) for name in ("draft_cost", "draft_cost_greedy")}
+        return replace(config, speculative=replace(spec, throughput_curve=curve, **costs))
 
     def point_kernels(self) -> Path | None:
         """Triton's cache at a copy of the bundle's kernels (the copy takes Triton's writes; the bundle

@@ -164,6 +164,11 @@ def test_draft_programs_are_lowered_once_per_bucket(model_dir) -> None:  # type:
             dict(draft_cost=((1,), (math.nan,))),
             r"draft_cost = .*: expected finite draft ms .*\(got nan for 1 sequences\)",
         ),
+        (
+            dict(draft_cost=((1,), (1.0,)), draft_cost_greedy=((1,), (-1.0,))),
+            r"^EngineConfig.speculative.draft_cost_greedy = .*\(got -1.0 for 1 sequences\)",
+        ),
+        (dict(draft_cost_greedy=((1,), (1.0,))), r"draft_cost_greedy is given without draft_cost"),
     ],
 )
 def test_engine_config_errors_name_the_field(kw: dict[str, Any], message: str) -> None:
@@ -198,10 +203,13 @@ def test_curve_profiled_at_start_and_cached(model_dir, tmp_path, monkeypatch) ->
     curve = llm.engine.spec.scheduler.curve  # type: ignore[union-attr]
     assert list(curve.sizes) == [1, 2, 4, 8] and all(t > 0 for t in curve.step_ms)
     assert all(not t.any() for t in llm.engine.session.caches.values())  # profiling left no state
-    # the draft pass is profiled per bucket of sequences and cached beside the curve
-    assert len(list((tmp_path / "dsgraph" / "curves" / "draft").glob("throughput-*.json"))) == 1
-    cost = llm.engine.spec.cost.ms  # type: ignore[union-attr]
-    assert sorted(cost) == [1, 2, 4] and all(t > 0 for t in cost.values())
+    # the draft pass is profiled per bucket of sequences, the full graph's and the greedy variant's, and
+    # cached beside the curve
+    assert len(list((tmp_path / "dsgraph" / "curves" / "draft").glob("throughput-*.json"))) == 2
+    costs = llm.engine.spec.cost  # type: ignore[union-attr]
+    assert costs.greedy is not None
+    cost, greedy = costs.full.ms, costs.greedy.ms
+    assert sorted(cost) == sorted(greedy) == [1, 2, 4] and all(t > 0 for t in [*cost.values(), *greedy.values()])
 
     def no_profile(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled again instead of loading the cached curve")
@@ -209,7 +217,7 @@ def test_curve_profiled_at_start_and_cached(model_dir, tmp_path, monkeypatch) ->
     monkeypatch.setattr("dsgraph.runtime.spec_schedule.profile_curve", no_profile)
     again = LLM(model_dir, **kw)
     assert list(again.engine.spec.scheduler.curve.step_ms) == list(curve.step_ms)  # type: ignore[union-attr]
-    assert again.engine.spec.cost.ms == cost  # type: ignore[union-attr]
+    assert again.engine.spec.cost.full.ms == cost and again.engine.spec.cost.greedy.ms == greedy  # type: ignore[union-attr]
     outs = again.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
 

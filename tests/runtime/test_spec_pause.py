@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dsgraph.runtime.engine_config import check_draft_cost
-from dsgraph.runtime.spec_pause import DraftCost, DraftPause, PauseConfig
+from dsgraph.runtime.spec_pause import DraftCost, DraftCosts, DraftPause, PauseConfig
 from dsgraph.runtime.spec_schedule import make_curve
 
 NEXTN = 5
@@ -20,7 +20,7 @@ CURVE = make_curve([1, 8, 32], [10.0, 10.2, 10.5])  # step lookup: n rows cost t
 
 
 def pause(ms: float) -> DraftPause:
-    return DraftPause(CURVE, DraftCost({1: ms, 8: ms}, fixed=True), NEXTN)
+    return DraftPause(CURVE, DraftCosts(DraftCost({1: ms, 8: ms}, fixed=True)), NEXTN)
 
 
 def decisions(p: DraftPause, steps: int) -> list[bool]:
@@ -78,13 +78,30 @@ def test_backoff_doubles_up_to_the_limit() -> None:
 
 
 def test_a_paying_decision_resets_the_backoff() -> None:
-    p = DraftPause(CURVE, DraftCost({1: 1000.0}), NEXTN, PauseConfig(max_backoff=4))
+    p = DraftPause(CURVE, DraftCosts(DraftCost({1: 1000.0})), NEXTN, PauseConfig(max_backoff=4))
     assert decisions(p, 5) == [False, True, False, False, True]
-    p.cost.ms[1] = 1.0  # the draft pass became cheap (online correction)
+    p.costs.full.ms[1] = 1.0  # the draft pass became cheap (online correction)
     p.observe([5], [5])
     assert decisions(p, 3) == [True, True, True] and p.backoff == 1
-    p.cost.ms[1] = 1000.0
+    p.costs.full.ms[1] = 1000.0
     assert decisions(p, 4) == [False, True, False, False]  # the pauses start over at one step
+
+
+def test_each_variant_is_priced_and_measured_on_its_own_table() -> None:
+    """A greedy pass is priced by the greedy variant's table (the full graph's while it knows nothing)
+    and its measurements move only that table; a sampled pass uses the full graph's."""
+    costs = DraftCosts(DraftCost({1: 50.0}), DraftCost())
+    assert costs.pricing(True) is costs.full  # nothing known of the variant yet
+    costs.measuring(True).observe(1, 2.0)
+    assert costs.pricing(True).predict(1) == 2.0 and costs.pricing(False).predict(1) == 50.0
+    costs.measuring(False).observe(1, 60.0)
+    assert costs.greedy is not None and costs.greedy.ms == {1: 2.0} and costs.full.ms[1] == 52.0
+    one = DraftCosts(DraftCost({1: 7.0}))  # no variant table: one prices both
+    assert one.pricing(True) is one.measuring(True) is one.full
+    # the pause decides on the variant that will run: drafting pays at 2 ms, not at 50
+    p = DraftPause(CURVE, DraftCosts(DraftCost({1: 50.0}, fixed=True), DraftCost({1: 2.0}, fixed=True)), NEXTN)
+    p.observe([5], [5])
+    assert p.decide(1, greedy=True) and not p.decide(1, greedy=False)
 
 
 def test_errors_name_the_field() -> None:
@@ -100,3 +117,27 @@ def test_errors_name_the_field() -> None:
         check_draft_cost(((0,), (1.0,)))
     with pytest.raises(ValueError, match=r"draft_cost = .*\(got -1.0 for 1 sequences\)"):
         check_draft_cost(((1,), (-1.0,)))
+
+
+def test_a_bundle_keeps_both_variant_tables() -> None:
+    """`dsgraph compile` writes the profiled tables of both variants; a start from the bundle gives them
+    to the config as draft_cost and draft_cost_greedy (a caller's own draft_cost wins over both)."""
+    from types import SimpleNamespace
+
+    from dsgraph.runtime.bundle.compile import _tables
+    from dsgraph.runtime.bundle.load import Bundle
+    from dsgraph.runtime.engine_config import EngineConfig
+
+    costs = DraftCosts(DraftCost({1: 5.0, 4: 9.0}), DraftCost({1: 2.0}))
+    engine = SimpleNamespace(spec=SimpleNamespace(scheduler=SimpleNamespace(curve=None), cost=costs))
+    tables = _tables(engine)
+    assert tables == {"draft_cost": [[1, 4], [5.0, 9.0]], "draft_cost_greedy": [[1], [2.0]]}
+    bundle = object.__new__(Bundle)
+    bundle.manifest = {"tables": tables}
+    spec = bundle.with_tables(EngineConfig()).speculative
+    assert spec.draft_cost == ((1, 4), (5.0, 9.0)) and spec.draft_cost_greedy == ((1,), (2.0,))
+    own = bundle.with_tables(EngineConfig.from_flat(draft_cost=((1,), (3.0,)))).speculative
+    assert own.draft_cost == ((1,), (3.0,)) and own.draft_cost_greedy is None
+    # no greedy table without the full graph's
+    engine.spec.cost = DraftCosts(DraftCost(), DraftCost({1: 2.0}))
+    assert _tables(engine) == {}

@@ -34,6 +34,7 @@ CHANGED = {
     "throughput_curve": ((1, 8), (1.0, 2.0)),
     "draft_pause": False,
     "draft_cost": ((1, 2), (0.5, 0.7)),
+    "draft_cost_greedy": ((1, 2), (0.2, 0.3)),
     "prefill_truncation": "compact",
     "prefill_keep_tokens": 140,
     "load_format": "dummy",
