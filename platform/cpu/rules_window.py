@@ -66,25 +66,35 @@ def window_compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
 
 
 def window_compress_into(
-    p: Any, u: Tensor, wkv: Tensor, wgate: Tensor, ape: Tensor, state: Tensor, positions: Tensor,
-    seq_ids: Tensor, seq_slot: Tensor, seq_start: Tensor,
+    p: Any, u: Tensor, wkv: Tensor, wgate: Tensor, ape: Tensor, state: Tensor, *step: Tensor
+) -> tuple[Tensor, ...]:
+    return pool_windows(p, rowwise_linear(u, wkv), rowwise_linear(u, wgate), ape, state, *step)
+
+
+def pool_windows(
+    p: Any, kv: Tensor, gate: Tensor, ape: Tensor, state: Tensor, positions: Tensor, seq_ids: Tensor,
+    seq_slot: Tensor, seq_start: Tensor,
 ) -> tuple[Tensor, ...]:  # fmt: skip
+    """window_compress after its projections kv, gate [T, W] f32 (the cuda rule projects with its linear
+    kernel): the closing rows' pooled entries, then the state ring's writes (in place). Unchecked, the
+    closing rows are a fixed count (`_closing_rows`, padded with T) and nothing reads the host: the form a
+    CUDA graph captures."""
     real, seq = real_rows("window_compress", seq_ids, seq_slot.shape[0])
-    used = _used_seqs(seq, real, seq_slot.shape[0])
-    require_in_range("window_compress", seq_slot, state.shape[0], "seq_slot", active=used)
-    kv, gate = rowwise_linear(u, wkv), rowwise_linear(u, wgate)
+    if checking():
+        used = _used_seqs(seq, real, seq_slot.shape[0])
+        require_in_range("window_compress", seq_slot, state.shape[0], "seq_slot", active=used)
     closes = real & (torch.remainder(positions.long() + 1, p.ratio) == 0)
     slot, start = per_row(seq_slot, seq, real), per_row(seq_start, seq, real)
     width = kv.shape[1] // 2 if p.overlap else kv.shape[1]
-    latent = kv.new_zeros(kv.shape[0], width)
-    rows = closes.nonzero().squeeze(1)
+    latent = kv.new_zeros(kv.shape[0] + 1, width)  # row T takes the padding of the unchecked count
+    rows = _closing_rows(closes, p.ratio, seq_slot.shape[0])
     if rows.numel():
         span = window_span(p.ratio, p.overlap)
-        wkv_rows, gate_rows, pos = _window_projections(
-            kv, gate, state, rows, positions, start, slot, seq, span
-        )
+        safe = rows.clamp(max=max(kv.shape[0] - 1, 0))
+        wkv_rows, gate_rows, pos = _window_projections(kv, gate, state, safe, positions, start, slot, seq, span)
         latent[rows] = _pool(p, wkv_rows, gate_rows, pos, ape)
-    return latent, closes, _write_ring(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
+    ring = _write_ring(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
+    return latent[:-1], closes, ring
 
 
 def visible_entries(p: Any, positions: Tensor, seq_ids: Tensor) -> Tensor:

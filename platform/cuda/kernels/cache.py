@@ -25,7 +25,7 @@ from dsgraph.graph.op import NoParams
 from dsgraph.ops.nn import LinearParams
 from dsgraph.ops.quant import GROUP_SIZES
 from dsgraph.ops.quant import entry_bytes as entry_size
-from dsgraph.platform.cpu import rules_cache
+from dsgraph.platform.cpu import rules_cache, rules_window
 from dsgraph.platform.cpu.step_rows import (
     per_row,
     real_rows,
@@ -244,12 +244,25 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     return latent, closes, state
 
 
+def window_compress(
+    p: Any, u: Tensor, wkv: Tensor, wgate: Tensor, ape: Tensor, state: Tensor, *step: Tensor
+) -> tuple[Tensor, ...]:
+    """V4's compressor (ops/window_compress.py): its two projections through the linear kernel (batch
+    invariant, as the cpu rule's row-by-row products are; a GEMM, where those are T matrix-vector
+    products: a 16k prefill chunk's took seconds), then the cpu rule's pooling and state writes, which
+    read no host value when unchecked (capturable)."""
+    if not runs_kernels(u):
+        return rules_window.window_compress_into(p, u, wkv, wgate, ape, state, *step)
+    return rules_window.pool_windows(p, _project(u, wkv), _project(u, wgate), ape, state, *step)
+
+
 RULES: dict[str, Any] = {
     "swa_write": swa_write,
     "paged_write": paged_write,
     "encode_swa_write": encode_swa_write,
     "encode_paged_write": encode_paged_write,
     "compress": compress,
+    "window_compress": window_compress,
 }
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); compress
 # projects through the linear kernel and (ratio 2) pools, then writes its state ring
@@ -263,4 +276,5 @@ KERNELS: dict[str, tuple[str, ...]] = {
         "cache_tl.compress_pool_kernel",
         "cache_tl.compress_state_kernel",
     ),
+    "window_compress": ("linear_tl.linear_kernel",),
 }
