@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 from dsgraph.graph import Graph, TensorType, format_graph, make_graph, verify
 from dsgraph.graph.passes import optimize, specialize
@@ -132,10 +133,13 @@ def bucket_sizes(
 def load_graph(args: argparse.Namespace) -> tuple[Graph, str, int]:
     """The graph to inspect, its step kind and the draft block size (1 unless drafting)."""
     if args.model:
-        from dsgraph.models.deepseek_v41.config import load_config
+        from dsgraph.models.registry import family_for
         from dsgraph.tools.model_graphs import trace_model_step
 
-        block = load_config(args.model).text.dspark_block_size if args.step == "draft" else 1
+        family = family_for(args.model)
+        block = (
+            family.drafting.num_tokens(family.load_config(Path(args.model))) if args.step == "draft" else 1
+        )
         return trace_model_step(args.model, args.step), args.step, block
     if args.example:
         return example_graph(), "example", 1

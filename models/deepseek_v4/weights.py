@@ -29,6 +29,8 @@ HASH_BIAS = 1e30  # larger than any router score: the hashed experts win the top
 
 def _hash_bias(name: str, tid2eid: Tensor, num_experts: int) -> Tensor:
     ids = tid2eid.long()
+    if ids.is_meta:  # shapes only (dsgraph inspect traces with meta weights): no ids to check
+        return torch.empty(ids.shape[0], num_experts, dtype=torch.float32, device="meta")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
         raise ValueError(
             f"tensor {name}: expert ids must be in [0, {num_experts}), "

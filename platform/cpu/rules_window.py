@@ -91,7 +91,9 @@ def pool_windows(
     if rows.numel():
         span = window_span(p.ratio, p.overlap)
         safe = rows.clamp(max=max(kv.shape[0] - 1, 0))
-        wkv_rows, gate_rows, pos = _window_projections(kv, gate, state, safe, positions, start, slot, seq, span)
+        wkv_rows, gate_rows, pos = _window_projections(
+            kv, gate, state, safe, positions, start, slot, seq, span
+        )
         latent[rows] = _pool(p, wkv_rows, gate_rows, pos, ape)
     ring = _write_ring(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
     return latent[:-1], closes, ring

@@ -42,7 +42,9 @@ def _operands(ratio: int, overlap: bool) -> list[torch.Tensor]:
     ]
 
 
-@pytest.mark.parametrize(("ratio", "overlap"), [(4, True), (4, False), (8, False)], ids=["csa", "hca4", "hca8"])
+@pytest.mark.parametrize(
+    ("ratio", "overlap"), [(4, True), (4, False), (8, False)], ids=["csa", "hca4", "hca8"]
+)
 def test_the_cuda_rule_matches_the_cpu_rule(ratio: int, overlap: bool) -> None:
     p = WindowCompressParams(ratio=ratio, overlap=overlap)
     args = _operands(ratio, overlap)

@@ -209,7 +209,9 @@ def test_curve_profiled_at_start_and_cached(model_dir, tmp_path, monkeypatch) ->
     costs = llm.engine.spec.cost  # type: ignore[union-attr]
     assert costs.greedy is not None
     cost, greedy = costs.full.ms, costs.greedy.ms
-    assert sorted(cost) == sorted(greedy) == [1, 2, 4] and all(t > 0 for t in [*cost.values(), *greedy.values()])
+    assert sorted(cost) == sorted(greedy) == [1, 2, 4] and all(
+        t > 0 for t in [*cost.values(), *greedy.values()]
+    )
 
     def no_profile(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("profiled again instead of loading the cached curve")

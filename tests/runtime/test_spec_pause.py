@@ -99,7 +99,9 @@ def test_each_variant_is_priced_and_measured_on_its_own_table() -> None:
     one = DraftCosts(DraftCost({1: 7.0}))  # no variant table: one prices both
     assert one.pricing(True) is one.measuring(True) is one.full
     # the pause decides on the variant that will run: drafting pays at 2 ms, not at 50
-    p = DraftPause(CURVE, DraftCosts(DraftCost({1: 50.0}, fixed=True), DraftCost({1: 2.0}, fixed=True)), NEXTN)
+    p = DraftPause(
+        CURVE, DraftCosts(DraftCost({1: 50.0}, fixed=True), DraftCost({1: 2.0}, fixed=True)), NEXTN
+    )
     p.observe([5], [5])
     assert p.decide(1, greedy=True) and not p.decide(1, greedy=False)
 

@@ -52,6 +52,33 @@ def test_make_tiny_then_inspect_model_decode(tmp_path, capsys: pytest.CaptureFix
     assert "f32[2,256]" in text  # logits of the decode bucket (2 sequences, vocabulary 256)
 
 
+def test_inspect_a_v4_model_every_step(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    """inspect reads the checkpoint's model_type: V4-Flash's step, verify and MTP draft graphs, lowered
+    onto cuda without a GPU (V4's compressor, not V4.1's; its window_compress on the linear kernel)."""
+    out = tmp_path / "tiny-v4"
+    assert (
+        main(["make-tiny", str(out), "--model-type", "deepseek_v4", "--set", "num_nextn_predict_layers=1"])
+        == 0
+    )
+    capsys.readouterr()
+    for step, name in (
+        ("decode", "v4_decode"),
+        ("prefill", "v4_prefill"),
+        ("verify", "v4_verify"),
+        ("draft", "v4_mtp_draft"),
+    ):
+        args = ["inspect", "--model", str(out), "--step", step, "--tokens", "2", "--platform", "cuda"]
+        assert main([*args, "--stage", "lowered"]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith(f"program {name}["), (step, text[:200])
+    assert (
+        main(["inspect", "--model", str(out), "--step", "decode", "--tokens", "2", "--platform", "cuda"]) == 0
+    )
+    text = capsys.readouterr().out
+    assert "= window_compress" in text and "= compress(" not in text and "= engram_hash" not in text
+    assert "window_compress  -> cuda.kernels.cache.window_compress" in text
+
+
 def test_make_tiny_overrides_and_bad_override(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 

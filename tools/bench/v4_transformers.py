@@ -134,7 +134,9 @@ def copy_weights(model: Any, weights: dict[str, Tensor]) -> None:
             w = weights.pop(name)
             key, dest = _target(params, name)
             if dest.shape != w.shape:
-                raise ValueError(f"transformers V4: {name} {tuple(w.shape)} does not fit {key} {tuple(dest.shape)}")
+                raise ValueError(
+                    f"transformers V4: {name} {tuple(w.shape)} does not fit {key} {tuple(dest.shape)}"
+                )
             dest.copy_(w)
             filled.add(key)
     missing = sorted(k for k in set(params) - filled if "rotary_emb" not in k)  # rotary: computed

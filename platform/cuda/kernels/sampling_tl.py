@@ -72,7 +72,7 @@ def argmax_merge_kernel(
 def launch_greedy_token(
     logits: Tensor, allowed: Tensor | None, parts: tuple[Tensor, ...], outs: tuple[Tensor, ...], chunk: int
 ) -> None:
-    """`parts`: (val f32, idx i32, nan i32, alive i32), each [rows * splits]; `outs`: the op's four outputs."""
+    """`parts`: (val f32, idx i32, nan i32, alive i32), [rows * splits] each; `outs`: the four outputs."""
     rows, vocab = logits.shape
     splits = triton.cdiv(vocab, chunk)
     words = allowed.shape[1] if allowed is not None else 0
