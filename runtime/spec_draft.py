@@ -122,6 +122,12 @@ class DraftRunner:
         sees its f32 temperature) and the variant enabled."""
         return self.greedy_enabled and all(np.float32(r.temperature) < GREEDY_BELOW for r in requests)
 
+    def probe_requests(self, n: int, greedy: bool) -> list[DraftRequest]:
+        """n requests from position 0 of slots 0.. that run the greedy variant or the full graph (what
+        profiling and bundle warm-up time and capture)."""
+        slots = self.session.cache_sizes.num_slots
+        return [DraftRequest(0, 0, i % slots, temperature=0.0 if greedy else 1.0) for i in range(n)]
+
     @staticmethod
     def key(seqs: int, greedy: bool) -> Any:
         """The runner's key of a bucket: the sequence count, tagged for the greedy variant."""
@@ -141,10 +147,14 @@ class DraftRunner:
         """Weights and the caches the draft reads, by graph input name (persistent device tensors)."""
         return {**self.weights, **{f"caches.{k}": self.session.caches[k] for k in self.cache_names}}
 
-    def run(self, requests: Sequence[DraftRequest], *, capture: bool | None = None) -> DraftOutput:
-        """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks)."""
+    def run(
+        self, requests: Sequence[DraftRequest], *, capture: bool | None = None, greedy: bool | None = None
+    ) -> DraftOutput:
+        """Draft for `requests`; `capture` overrides the runner's flag for this pass (benchmarks);
+        `greedy`: `greedy_variant(requests)` when the caller has it already."""
         n = len(requests)
-        seqs, greedy = bucket_size(n), self.greedy_variant(requests)
+        seqs = bucket_size(n)
+        greedy = self.greedy_variant(requests) if greedy is None else greedy
         inputs = {f"step.{k}": v for k, v in self.session.model.draft_inputs(requests, seqs).items()}
         out = self.runner.run(
             self.key(seqs, greedy),

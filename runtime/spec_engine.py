@@ -217,7 +217,7 @@ class SpecDecoder:
             )
             todo.append((k, anchor))
             drafted.append((k, info))
-        greedy = self.drafter.greedy_variant([r for _, r in todo])
+        greedy = self.drafter.greedy_variant([r for _, r in todo])  # the variant the pass will run
         if todo and self.pause is not None and not self.pause.decide(len(todo), greedy):
             todo, drafted = [], []  # paused: the requests go on as plain decode rows
         # a probe's drafts measure the acceptance: the planner verifies them as paid for
@@ -226,7 +226,8 @@ class SpecDecoder:
         self.next_draft_depth_ms = pricing.by_depth(len(todo)) if todo and not probe else []
         if todo:
             start_time = time.perf_counter()
-            out = self.drafter.run([r for _, r in todo])  # its tokens come to the host: synchronised
+            # its tokens come to the host: synchronised
+            out = self.drafter.run([r for _, r in todo], greedy=greedy)
             if not self.drafter.last_captured:  # a pass that captured its bucket: its time is not a cost
                 self.cost.measuring(greedy).observe(len(todo), (time.perf_counter() - start_time) * 1e3)
             self.draft_passes += 1

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dsgraph.models.interface import DraftRequest
 from dsgraph.models.registry import family_of
 from dsgraph.platform import env
 from dsgraph.runtime.derived_configs import spec_schedule_config
@@ -128,12 +127,10 @@ def profile_drafter(
     """Draft pass ms per bucket of sequences (powers of two up to max_num_seqs) of the greedy variant or
     the full graph (sampled requests), cached on disk beside the throughput curve (in its `draft/`
     folder); the passes draft from position 0 of slots 0.. (the rings are cleared after)."""
-    slots = session.cache_sizes.num_slots
     buckets = [1 << i for i in range(max(max_num_seqs - 1, 0).bit_length() + 1)]
-    temperature = 0.0 if greedy else 1.0
 
     def run(n: int) -> None:  # tokens synchronise
-        decoder.drafter.run([DraftRequest(0, 0, i % slots, temperature=temperature) for i in range(n)])
+        decoder.drafter.run(decoder.drafter.probe_requests(n, greedy))
 
     device = session.runner.device_name()
     model = session.model

@@ -17,55 +17,46 @@ from dsgraph.graph import Graph
 from dsgraph.models.deepseek_v41.checkpoint_io import torch_dtype
 from dsgraph.models.deepseek_v41.checkpoint_spec import expected_tensors
 from dsgraph.models.deepseek_v41.config import ModelConfig
-from dsgraph.models.deepseek_v41.dspark import trace_draft
-from dsgraph.models.deepseek_v41.dspark_context import is_context_weight, is_draft_weight
 from dsgraph.models.deepseek_v41.engram_map import build_token_map
-from dsgraph.models.deepseek_v41.model import V41Model, build_model, trace_step
+from dsgraph.models.deepseek_v41.model import V41Model, build_model
 from dsgraph.models.deepseek_v41.numerics import numerics_for
 from dsgraph.models.deepseek_v41.step_io import CacheGeometry, default_geometry
 from dsgraph.models.deepseek_v41.weights import prepare_weights, weight_types
 from dsgraph.models.registry import family_for
+from dsgraph.runtime.spec_draft import target_weights
 
 STEP_KINDS = ("decode", "prefill", "verify", "draft")
 MetaModel = tuple[V41Model, dict[str, torch.Tensor]]
 
 
-def meta_model(
-    cfg: ModelConfig, token_map: list[int], geo: CacheGeometry, *, dspark: bool, numerics: str = "serving"
-) -> MetaModel:
-    """The model and its prepared weights as meta tensors (shapes and dtypes, no data)."""
-    num = numerics_for(numerics)
-    model = build_model(cfg, token_map, num, geo, dspark=dspark)
-    meta = {
-        name: torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device="meta")
-        for name, spec in expected_tensors(cfg).items()
-    }
-    return model, prepare_weights(cfg, meta, num, token_map)
-
-
-def step_graph(meta: MetaModel, name: str) -> Graph:
-    """The target step as the session traces it: the backbone's weights, plus the DSpark context
-    weights when the model writes the context (`runtime/spec_draft.py` target_weights)."""
-    model, weights = meta
-    target = {
-        k: v
-        for k, v in weights.items()
-        if not k.startswith("mtp.") or (model.dspark and is_context_weight(k))
-    }
-    return trace_step(model, weight_types(target, backbone_only=False), name=name)
-
-
-def draft_graph(meta: MetaModel) -> Graph:
-    """The DSpark draft pass as the drafter traces it (`runtime/spec_draft.py` DraftRunner)."""
-    model, weights = meta
-    draft = {k: v for k, v in weights.items() if is_draft_weight(k)}
-    return trace_draft(model, weight_types(draft, backbone_only=False))
-
-
 def _meta(specs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Meta tensors (shapes and dtypes, no data) of checkpoint tensor specs."""
     return {
         name: torch.empty(s.shape, dtype=torch_dtype(s.dtype), device="meta") for name, s in specs.items()
     }
+
+
+def meta_model(
+    cfg: ModelConfig, token_map: list[int], geo: CacheGeometry, *, dspark: bool, numerics: str = "serving"
+) -> MetaModel:
+    """The V4.1 model and its prepared weights as meta tensors."""
+    num = numerics_for(numerics)
+    model = build_model(cfg, token_map, num, geo, dspark=dspark)
+    return model, prepare_weights(cfg, _meta(expected_tensors(cfg)), num, token_map)
+
+
+def step_graph(meta: tuple[Any, dict[str, Any]], name: str) -> Graph:
+    """The target step as the session traces it (`runtime/spec_draft.py` target_weights: the backbone's
+    weights, plus the draft context weights when the model writes the context)."""
+    model, weights = meta
+    return model.trace_step(weight_types(target_weights(model, weights), backbone_only=False), name=name)
+
+
+def draft_graph(meta: tuple[Any, dict[str, Any]]) -> Graph:
+    """The draft pass as the drafter traces it (`runtime/spec_draft.py` DraftRunner)."""
+    model, weights = meta
+    draft = {k: v for k, v in weights.items() if model.is_draft_weight(k)}
+    return model.trace_draft(weight_types(draft, backbone_only=False))
 
 
 def _meta_weights(family: Any, cfg: Any, num: Any, token_map: list[int], drafting: bool) -> dict[str, Any]:
@@ -94,14 +85,8 @@ def trace_model_step(model_dir: str, step: str, numerics: str = "serving") -> Gr
     token_map = build_token_map(tokenizer)[0]  # V4.1's Engram map; V4's preparation ignores it
     num = numerics_for(numerics)
     model = family.build(cfg, tokenizer, num, default_geometry(cfg.text), drafting)
-    weights = _meta_weights(family, cfg, num, token_map, drafting)
+    meta = (model, _meta_weights(family, cfg, num, token_map, drafting))
     if step == "draft":
-        draft = {k: v for k, v in weights.items() if model.is_draft_weight(k)}
-        return model.trace_draft(weight_types(draft, backbone_only=False))
-    target = {
-        k: v
-        for k, v in weights.items()
-        if not k.startswith("mtp.") or (drafting and model.is_context_weight(k))
-    }
+        return draft_graph(meta)
     prefix = "v41" if family.model_type == "deepseek_v41" else "v4"
-    return model.trace_step(weight_types(target, backbone_only=False), name=f"{prefix}_{step}")
+    return step_graph(meta, f"{prefix}_{step}")

@@ -137,26 +137,23 @@ def _heads(
     embed_w = f.w(last + "markov_head.embed.weight")
     prev = op.gather_rows(s["token_ids"], _slot(rows, 0))  # the anchor
     outs: dict[str, list[Tracer]] = {}
-    drawn = []
     for k in range(t.dspark_block_size):
+        e_k = op.gather_rows(embed_w, prev)  # [seqs, rank]
         base = op.gather_rows(base_rows, _slot(rows, k))  # U_k [seqs, V]
-        logits = base + _dense(f, op.gather_rows(embed_w, prev), last + "markov_head.head.weight")
+        logits = base + _dense(f, e_k, last + "markov_head.head.weight")
         token, logprobs = draw(logits, params, s["seed"], _slot(positions, k), stream, greedy)
-        pieces = {"tokens": token}
+        pieces = {"tokens": token, "e": e_k}
         if logprobs is not None:
             pieces["logprobs"] = logprobs
         if f.debug is not None:
             pieces.update(base=base, logits=logits)
         for name, value in pieces.items():
             outs.setdefault(name, []).append(op.reshape(value, shape=("seqs", 1, *value.shape[1:])))
-        drawn.append(prev)
         prev = token
-    joined = op.concat(*(op.reshape(d, shape=("seqs", 1)) for d in drawn), axis=1)  # prev_k [seqs, K]
-    e = op.gather_rows(embed_w, joined)  # e_k [seqs, K, rank]
-    state = op.gather_rows(h if confidence_input == "pre_norm" else normed_rows, rows)  # h_k [seqs, K, H]
-    features = op.concat(f.cast(state, "f32"), f.cast(e, "f32"), axis=2)
-    confidence = op.sigmoid(_dense(f, features, last + "confidence_head.proj.weight"))  # [seqs, K, 1]
     result = {name: op.concat(*values, axis=1) for name, values in outs.items()}
+    state = op.gather_rows(h if confidence_input == "pre_norm" else normed_rows, rows)  # h_k [seqs, K, H]
+    features = op.concat(f.cast(state, "f32"), f.cast(result.pop("e"), "f32"), axis=2)
+    confidence = op.sigmoid(_dense(f, features, last + "confidence_head.proj.weight"))  # [seqs, K, 1]
     return {**result, "confidence": confidence}
 
 

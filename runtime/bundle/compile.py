@@ -71,12 +71,9 @@ def _step_program(engine: Any, kind: str, dims: dict[str, int], warm: bool) -> A
 
 
 def _draft_program(engine: Any, seqs: int, warm: bool, greedy: bool) -> Any:
-    from dsgraph.models.interface import DraftRequest
-
     drafter, slots = engine.spec.drafter, engine.session.cache_sizes.num_slots
-    if warm:  # greedy requests run the greedy variant, sampled ones the full graph
-        temperature = 0.0 if greedy else 1.0
-        drafter.run([DraftRequest(0, 0, i % slots, temperature=temperature) for i in range(min(seqs, slots))])
+    if warm:
+        drafter.run(drafter.probe_requests(min(seqs, slots), greedy))
     return drafter._program(seqs, greedy)
 
 
