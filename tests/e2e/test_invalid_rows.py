@@ -146,8 +146,8 @@ def test_a_draft_outside_the_vocabulary_is_dropped(model_dir) -> None:  # type: 
     assert engine.spec is not None
     drafter, run = engine.spec.drafter, engine.spec.drafter.run
 
-    def bad_run(requests):  # type: ignore[no-untyped-def]
-        out = run(requests)
+    def bad_run(requests, **kw):  # type: ignore[no-untyped-def]
+        out = run(requests, **kw)
         out.tokens[:, 1:2] = vocab + 3
         return out
 
