@@ -50,7 +50,7 @@ def _index_scores_rule(p: IndexScoresParams, ts: tuple[TensorType, ...]) -> tupl
     R.require_rank(q, 3, "q")
     rows, heads, width = q.shape
     check_width(p.key_fmt, width, f"index head dim of q {q}")
-    R.require_dtype(w, ("f32",), "w")
+    R.require_dtype(w, ACTIVATION_DTYPES, "w")
     R.require_rank(w, 2, "w")
     R.require_dim(w.shape[0], rows, f"tokens of w {w} vs q {q}")
     R.require_dim(w.shape[1], heads, f"heads of w {w} vs q {q}")
@@ -72,8 +72,8 @@ index_scores = declare_op(
     "index_scores",
     IndexScoresParams,
     _index_scores_rule,
-    "`q [tokens, ih, id] float, w [tokens, ih] f32, keys [blocks, bs, entry_bytes(key_fmt, id)] u8 (key_fmt "
-    "entries, mxfp4_g32 by default), "
+    "`q [tokens, ih, id] float, w [tokens, ih] float (read as f32), "
+    "keys [blocks, bs, entry_bytes(key_fmt, id)] u8 (key_fmt entries, mxfp4_g32 by default), "
     "block_table [seqs, nb] i32, positions [tokens] i32, seq_ids [tokens] i32` -> `scores [tokens, nb*bs] "
     "f32`: for row t of sequence s at position p, score(t, g) = sum_h w[t, h] * relu(q[t, h] . k_g) with "
     "k_g the decoded entry pool[block_table[s, g // bs], g % bs], for visible entries g < (p + 1) // ratio "

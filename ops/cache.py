@@ -110,6 +110,7 @@ paged_write = declare_op(
 @params
 class CompressParams:
     ratio: int
+    out_dtype: str = "f32"  # of latent: its projections and pooling are f32, rounded once on the way out
 
 
 def _compress_rule(p: CompressParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -118,8 +119,10 @@ def _compress_rule(p: CompressParams, ts: tuple[TensorType, ...]) -> tuple[Tenso
     want = 6 if p.ratio == 1 else 8
     if len(ts) != want:
         raise ShapeError(f"ratio {p.ratio} takes {want} operands, got {len(ts)}")
+    if p.out_dtype not in ACTIVATION_DTYPES:
+        raise ShapeError(f"param out_dtype is {p.out_dtype!r}, expected one of {list(ACTIVATION_DTYPES)}")
     u, wkv = ts[0], ts[1]
-    R.require_dtype(u, ("f32",), "u")
+    R.require_dtype(u, ACTIVATION_DTYPES, "u")
     R.require_rank(u, 2, "u")
     rows, hidden = u.shape
     for w, name in ((wkv, "wkv"), *(((ts[2], "wgate"),) if p.ratio == 2 else ())):
@@ -140,7 +143,7 @@ def _compress_rule(p: CompressParams, ts: tuple[TensorType, ...]) -> tuple[Tenso
     require_index(positions, rows, "positions")
     require_index(seq_ids, rows, "seq_ids")
     require_seq_vectors((seq_slot, "seq_slot"), (seq_start, "seq_start"))
-    outs = (TensorType((rows, width), "f32"), TensorType((rows,), "bool"))
+    outs = (TensorType((rows, width), p.out_dtype), TensorType((rows,), "bool"))
     return outs + ((ts[3],) if p.ratio == 2 else ())
 
 
@@ -148,8 +151,8 @@ compress = declare_op(
     "compress",
     CompressParams,
     _compress_rule,
-    "ratio 1: `u [tokens, H] f32, wkv [D, H] float, positions [tokens] i32, seq_ids [tokens] i32, "
-    "seq_slot [seqs] i32, seq_start [seqs] i32` -> `(latent [tokens, D] f32, closes [tokens] bool)`: "
+    "ratio 1: `u [tokens, H] float, wkv [D, H] float, positions [tokens] i32, seq_ids [tokens] i32, "
+    "seq_slot [seqs] i32, seq_start [seqs] i32` -> `(latent [tokens, D] out_dtype, closes [tokens] bool)`: "
     "latent_t = wkv . u_t, closes = real rows. "
     "ratio 2: `u, wkv, wgate [D, H] float, state [slots, C, 2, D] f32, positions, seq_ids, seq_slot, "
     "seq_start` -> `(latent, closes, state' [slots, C, 2, D] f32)`: group g = positions {2g, 2g+1}; a real "
@@ -160,6 +163,7 @@ compress = declare_op(
     "row's projections at [seq_slot, p % C] when p is among the last C positions of its sequence's chunk "
     "(so no ring row is written twice); everything else is unchanged. A verify step's rejected rows "
     "therefore leave the entry of every committed position younger than C alone: rollback is only the "
-    "committed length. Rows that close nothing (and padding rows) give latent 0, closes False. f32 math; "
-    "each row's projection is computed on its own, so results do not depend on how rows are batched.",
+    "committed length. Rows that close nothing (and padding rows) give latent 0, closes False. f32 math "
+    "(u and the weights read as f32; latent rounded to out_dtype once, at the end); each row's projection "
+    "is computed on its own, so results do not depend on how rows are batched.",
 )

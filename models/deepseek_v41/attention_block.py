@@ -39,22 +39,22 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     """A KV source: pool closed groups into latents; write compressed entries and index keys."""
     p, _t = f"layers.{plan.index}.attn.", f.text
     positions, seq_ids, seq_slot, seq_start = _step_args(f)
-    u32 = f.cast(u, "f32")
     wkv = f.w(p + "compressor.wkv.weight")
+    # the projections read u as f32 (exact from BF16); serving: the pooled latent (ratio 2) or the wkv
+    # GEMM output (ratio 1) rounded to BF16 before the norm (3a), by compress itself
+    step = (positions, seq_ids, seq_slot, seq_start)
     if plan.ratio == 2:
         state = f.caches[f"comp.{plan.index}"]
         wgate = f.w(p + "compressor.wgate.weight")
         latent, closes, new_state = op.compress(
-            u32, wkv, wgate, state, positions, seq_ids, seq_slot, seq_start, ratio=2
+            u, wkv, wgate, state, *step, ratio=2, out_dtype=f.num.act_dtype
         )
         f.new_caches[f"comp.{plan.index}"] = new_state
     else:
-        latent, closes = op.compress(u32, wkv, positions, seq_ids, seq_slot, seq_start, ratio=plan.ratio)
-    # serving: the pooled latent (ratio 2) or the wkv GEMM output (ratio 1) in BF16 before the norm (3a)
-    latent = f.cast(latent, f.num.act_dtype)
+        latent, closes = op.compress(u, wkv, *step, ratio=plan.ratio, out_dtype=f.num.act_dtype)
     latent = f.norm(latent, p + "compressor.norm.weight")  # serving: BF16 norm output (1a, 3a)
     entry_ids = positions if plan.ratio == 1 else positions // plan.ratio
-    entry_pos = entry_ids * plan.ratio
+    entry_pos = positions if plan.ratio == 1 else entry_ids * plan.ratio
     ckv = f.rope(latent, entry_pos, plan.rope_theta, plan.use_yarn)  # serving: BF16 before NVFP4 (1b, 2c)
     # serving: BF16-weight wk GEMM with BF16 output, no FP8 input (2d "not quantized"), BF16 k_norm (1a, 2b)
     key = f.norm(
@@ -86,10 +86,11 @@ def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
     q = f.rope(q, positions, plan.rope_theta, plan.use_yarn)
     f.record(f"iq_pre.{plan.index}", q)
     q = op.act_qdq(q, fmt="mxfp4_g32")
-    # serving: head weights = the weights_proj output rounded to BF16 (3b `.bfloat16()`), read as f32
-    w = f.cast(f.linear(u, p + "weights_proj.weight", quantized_input=False), "f32")
+    # serving: head weights = the weights_proj output rounded to BF16 (3b `.bfloat16()`), which
+    # index_scores reads as f32
+    w = f.linear(u, p + "weights_proj.weight", quantized_input=False)
     if f.num.scale_index_weights:
-        w = w * float((t.index_head_dim * t.index_n_heads) ** -0.5)
+        w = f.cast(w, "f32") * float((t.index_head_dim * t.index_n_heads) ** -0.5)
     f.record(f"index_w.{plan.index}", w)
     keys = f.cache(f"kidx.{plan.kv_source}")
     table = f.step[f"block_table_r{plan.ratio}"]

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from dsgraph.platform.cpu import invariant
+from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import (
     checking,
     locate_entries,
@@ -180,9 +181,10 @@ def compress_into(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     u, wkv = operands[0], operands[1]
     positions, seq_ids, seq_slot, seq_start = operands[-4:]
     real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
+    out = to_torch(p.out_dtype)
     kv = rowwise_linear(u, wkv)
     if p.ratio == 1:
-        return torch.where(real.unsqueeze(1), kv, 0.0), real
+        return torch.where(real.unsqueeze(1), kv, 0.0).to(out), real
     wgate, state = operands[2], operands[3]
     require_in_range(
         "compress", seq_slot, state.shape[0], "seq_slot", active=_used_seqs(seq, real, seq_slot.shape[0])
@@ -196,7 +198,7 @@ def compress_into(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     values = torch.stack((first_kv, kv), dim=1)
     # torch's f32 softmax over a non-last dim rounds by position in the tensor; f64 is batch invariant.
     weights = invariant.softmax(torch.stack((first_gate, gate), dim=1), 1)
-    latent = torch.where(closes.unsqueeze(1), (values * weights).sum(dim=1), 0.0)
+    latent = torch.where(closes.unsqueeze(1), (values * weights).sum(dim=1), 0.0).to(out)
     return latent, closes, _write_ring(state, kv, gate, positions, real, seq, slot, seq_slot.shape[0])
 
 

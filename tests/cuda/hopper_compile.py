@@ -148,7 +148,7 @@ def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None)
 def _indexer(dtype: str) -> None:
     types = {
         "q_ptr": f"*{dtype}",
-        "w_ptr": "*fp32",
+        "w_ptr": "*fp32" if dtype == "fp32" else "*bf16",  # the head weights in the activation dtype
         "keys_ptr": "*u8",
         "table_ptr": "*i32",
         "pos_ptr": "*i32",
@@ -199,16 +199,19 @@ def _cache() -> None:
     state = {"state_ptr": "*fp32", "kv_ptr": "*fp32", "gate_ptr": "*fp32", **rows, "last_ptr": "*i32"}
     state |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
     _compile(cache_tl.compress_state_kernel, state, dict(WIDTH=512, BLOCK=512), 4)
-    pool = {
-        "latent_ptr": "*fp32",
-        "closes_ptr": "*u8",
-        "last_ptr": "*i32",
-        "kv_ptr": "*fp32",
-        "gate_ptr": "*fp32",
-    }
-    pool |= {"state_ptr": "*fp32", **rows, "start_ptr": "*i32"}
-    pool |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
-    _compile(cache_tl.compress_pool_kernel, pool, dict(WIDTH=512, BLOCK=512), 4, fusion=False)
+    for latent in ("*fp32", "*bf16"):  # reference and serving numerics' latent
+        pool = {
+            "latent_ptr": latent,
+            "closes_ptr": "*u8",
+            "last_ptr": "*i32",
+            "kv_ptr": "*fp32",
+            "gate_ptr": "*fp32",
+        }
+        pool |= {"state_ptr": "*fp32", **rows, "start_ptr": "*i32"}
+        pool |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
+        _compile(cache_tl.compress_pool_kernel, pool, dict(WIDTH=512, BLOCK=512), 4, fusion=False)
+        one = {"latent_ptr": latent, "closes_ptr": "*u8", "kv_ptr": "*fp32", "seq_ptr": "*i32"}
+        _compile(cache_tl.compress_rows_kernel, one, dict(WIDTH=512, BLOCK=512), 4)
 
 
 def _fused() -> None:

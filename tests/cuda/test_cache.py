@@ -186,13 +186,17 @@ def _compress_operands(ratio: int, dtype: torch.dtype) -> list[torch.Tensor]:
     return [u, wkv, wgate, torch.randn(3, 3, 2, 32, generator=g), *step]
 
 
+def _compress_params(ratio: int, out_dtype: str = "f32") -> SimpleNamespace:
+    return SimpleNamespace(ratio=ratio, out_dtype=out_dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("ratio", [1, 2])
 def test_compress_matches_the_cpu_rule_and_updates_the_state_in_place(ratio: int, dtype: torch.dtype) -> None:
     args = _compress_operands(ratio, dtype)
-    want = rules_cache.compress(SimpleNamespace(ratio=ratio), *args)
+    want = rules_cache.compress(_compress_params(ratio), *args)
     device_args = on_device(args)
-    got = cache.compress(SimpleNamespace(ratio=ratio), *device_args)
+    got = cache.compress(_compress_params(ratio), *device_args)
     assert len(got) == len(want)
     torch.testing.assert_close(got[0].cpu(), want[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(got[1].cpu(), want[1])
@@ -202,6 +206,26 @@ def test_compress_matches_the_cpu_rule_and_updates_the_state_in_place(ratio: int
         assert not torch.equal(want[2], args[3]), "the step must change the state"
 
 
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_compress_reads_bf16_u_and_rounds_latent_once(ratio: int, weights: torch.dtype) -> None:
+    """Serving numerics hand compress the BF16 u and take a BF16 latent (no cast launches around it): the
+    same projections as u's f32 values (the ring state too), and latent the f32 latent rounded once to
+    BF16, bit for bit, on each platform; padding and non-closing rows 0."""
+    args = _compress_operands(ratio, weights)
+    args[0] = args[0].to(torch.bfloat16)
+    as_f32 = [args[0].float(), *args[1:]]
+    copies = [(rules_cache.compress, lambda a: [t.clone() for t in a]), (cache.compress, on_device)]
+    for rule, place in copies:
+        plain = rule(_compress_params(ratio), *place(as_f32))
+        got = rule(_compress_params(ratio, "bf16"), *place(args))
+        assert got[0].dtype == torch.bfloat16 and torch.equal(got[1].cpu(), plain[1].cpu())
+        assert torch.equal(got[0].cpu(), plain[0].cpu().to(torch.bfloat16)), rule
+        if ratio == 2:
+            assert torch.equal(got[2].cpu(), plain[2].cpu())
+        assert not bool(got[0][~got[1]].any()) and bool(got[0].any())
+
+
 def test_compress_names_a_closing_row_that_does_not_follow_its_group_start() -> None:
     """Checked, the cuda rule raises the cpu rule's error for a closing row whose previous row is not the
     position before it (here position 5 after 3): the kernel would pool with the wrong first token."""
@@ -209,4 +233,4 @@ def test_compress_names_a_closing_row_that_does_not_follow_its_group_start() -> 
     args[-4] = _i32([3, 5, 4, 6, 7, 0, 1, 0])
     for rule in (rules_cache.compress, cache.compress):
         with pytest.raises(ValueError, match=r"row 1 \(position 5\) does not follow the row of position 4"):
-            rule(SimpleNamespace(ratio=2), *on_device(args))
+            rule(_compress_params(2), *on_device(args))

@@ -78,6 +78,22 @@ def test_index_scores_match_the_cpu_rule(ratio: int, dtype: torch.dtype) -> None
     assert bool((want[-1] == NEG_INF).all()) and bool((want[0] > NEG_INF).any())
 
 
+def test_bf16_head_weights_are_read_as_their_f32_values() -> None:
+    """The model hands index_scores its BF16 head weights (no cast launch): the scores are those of the
+    same weights as f32, bit for bit, on both platforms."""
+    positions, seq_ids = [3, 4, 5, 0, 40, 9, 0], [0, 0, 0, 1, 2, 2, -1]
+    args = _index_step(
+        positions, seq_ids, heads=5, width=64, block_size=4, table_width=5, dtype=torch.bfloat16, seed=3
+    )
+    args[1] = args[1].to(torch.bfloat16)
+    as_f32 = [args[0], args[1].float(), *args[2:]]
+    p = SimpleNamespace(ratio=2, key_fmt="mxfp4_g32")
+    assert torch.equal(cpu.index_scores(p, *args), cpu.index_scores(p, *as_f32))
+    got = indexer.index_scores(p, *on_device(args)).cpu()
+    assert torch.equal(got, indexer.index_scores(p, *on_device(as_f32)).cpu())
+    assert bool((got[0] > NEG_INF).any())
+
+
 @pytest.mark.parametrize("ratio", [1, 2])
 def test_index_scores_skip_entry_blocks_past_the_causal_limit(ratio: int) -> None:
     """A table of 160 entries (three programs of 64 per row): rows whose limit ends inside the first,

@@ -9,7 +9,8 @@ unless `step_rows.unchecked()` is active or a CUDA graph is being captured; unch
 target is out of range writes nothing.
 
 `compress` (in place on its state operand for ratio 2): the projections through the cuda `linear` rule
-(dense weight, f32 output: IEEE f32 dots, fixed tiles), then ratio 2's pooling in one Triton launch
+(dense weight, f32 output: IEEE f32 dots, fixed tiles), then one Triton launch that writes latent in its
+dtype and closes: ratio 1's row mask (cache_tl.compress_rows_kernel), ratio 2's pooling
 (cache_tl.compress_pool_kernel: the cpu rule's first-token lookup and f64 softmax of two gates) before
 the state ring's update by a Triton row copy; no host sync, no data-dependent shape.
 """
@@ -26,6 +27,7 @@ from dsgraph.ops.nn import LinearParams
 from dsgraph.ops.quant import GROUP_SIZES
 from dsgraph.ops.quant import entry_bytes as entry_size
 from dsgraph.platform.cpu import rules_cache, rules_window
+from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import (
     per_row,
     real_rows,
@@ -150,11 +152,15 @@ def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) 
 
 
 def _project(u: Tensor, w: Tensor) -> Tensor:
-    """`u [T, H] f32 . w [D, H]^T` in f32, batch invariant: the cuda linear kernel, else the cpu helper."""
+    """`u [T, H] . w [D, H]^T` in f32 (IEEE f32 products of the operands read as f32), batch invariant: the
+    cuda linear kernel, else the cpu helper. The kernel reads a bf16 u as f32 itself when w is f32 (its
+    f32 dot); with a bf16 w too it would take bf16 tensor-core dots, so u is cast first."""
     try:
         from dsgraph.platform.cuda.kernels.linear import linear
     except ImportError:
         return rowwise_linear(u, w)
+    if w.dtype != torch.float32:
+        u = u.float()
     return linear(LinearParams(weight_format="dense", act_quant="none", out_dtype="f32"), u, w)
 
 
@@ -199,13 +205,15 @@ def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor
     )  # fmt: skip
 
 
-def _pool(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """Ratio 2's (latent [T, D] f32, closes [T] bool, each sequence's newest position [S] i32) in one
+def _pool(
+    state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...], out: torch.dtype
+) -> tuple[Tensor, ...]:
+    """Ratio 2's (latent [T, D] out, closes [T] bool, each sequence's newest position [S] i32) in one
     launch, reading the ring before its update."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     positions, seq_ids, seq_slot, seq_start = (t.contiguous() for t in operands)
-    latent = torch.empty_like(kv)
+    latent = torch.empty(kv.shape, dtype=out, device=kv.device)
     closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
     last = torch.full((max(seq_slot.shape[0], 1),), -1, dtype=torch.int32, device=kv.device)
     width = kv.shape[1]
@@ -217,6 +225,21 @@ def _pool(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...])
     return latent, closes, last
 
 
+def _rows(kv: Tensor, seq_ids: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Ratio 1's (latent [T, D] out, closes [T] bool) from the projection kv [T, D] f32 in one launch."""
+    from dsgraph.platform.cuda.kernels import cache_tl as K
+
+    latent = torch.empty(kv.shape, dtype=out, device=kv.device)
+    closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+    if kv.shape[0]:
+        width = kv.shape[1]
+        K.compress_rows_kernel[(kv.shape[0],)](
+            latent, closes.view(torch.uint8), kv.contiguous(), seq_ids.contiguous(), WIDTH=width,
+            BLOCK=_next_pow2(width), num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return latent, closes
+
+
 def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     u, wkv = operands[0], operands[1]
     if not runs_kernels(u):
@@ -225,10 +248,9 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     checked = should_check(u)
     if checked:  # its error for a bad seq_id; the rows' sequences for the checks below
         real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
-    kv = _project(u, wkv)
+    kv, out = _project(u, wkv), to_torch(p.out_dtype)
     if p.ratio == 1:
-        real = seq_ids >= 0
-        return torch.where(real.unsqueeze(1), kv, 0.0), real
+        return _rows(kv, seq_ids, out)
     wgate, state = operands[2], operands[3]
     _require_contiguous(state, "compress", "state")
     if checked:
@@ -238,8 +260,8 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
         rules_cache.check_closing_rows(positions, closing, per_row(seq_start, seq, real), seq)
     gate = _project(u, wgate)
     if not kv.shape[0]:
-        return kv.clone(), seq_ids >= 0, state
-    latent, closes, last = _pool(state, kv, gate, step)
+        return kv.to(out), seq_ids >= 0, state
+    latent, closes, last = _pool(state, kv, gate, step, out)
     _write_state(state, kv, gate, step, last)
     return latent, closes, state
 
@@ -273,6 +295,7 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "encode_paged_write": ("cache_tl.paged_write_kernel", "quant_act_tl.encode_kernel"),
     "compress": (
         "linear_tl.linear_kernel",
+        "cache_tl.compress_rows_kernel",
         "cache_tl.compress_pool_kernel",
         "cache_tl.compress_state_kernel",
     ),

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from dsgraph.platform.cuda.kernels.quant_act_tl import encode_groups
+from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
 
 @triton.jit
@@ -162,5 +163,18 @@ def compress_pool_kernel(
     total = ea + eb
     w0, w1 = (ea / total).to(tl.float32), (eb / total).to(tl.float32)
     latent = tl.where(closes, first_kv * w0 + kv * w1, 0.0)
-    tl.store(latent_ptr + row, latent, mask=d < WIDTH)
+    tl.store(latent_ptr + row, round_f32_to(latent, latent_ptr.dtype.element_ty), mask=d < WIDTH)
     tl.store(closes_ptr + t, closes.to(tl.uint8))
+
+
+@triton.jit
+def compress_rows_kernel(latent_ptr, closes_ptr, kv_ptr, seq_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (rows,): ratio 1's outputs from the f32 projection kv: latent = kv rounded to latent's dtype
+    on a real row, 0 on a padding row; closes = real."""
+    t = tl.program_id(0)
+    real = tl.load(seq_ptr + t) >= 0
+    d = tl.arange(0, BLOCK)
+    row = t.to(tl.int64) * WIDTH + d
+    kv = tl.load(kv_ptr + row, mask=real & (d < WIDTH), other=0.0)
+    tl.store(latent_ptr + row, round_f32_to(kv, latent_ptr.dtype.element_ty), mask=d < WIDTH)
+    tl.store(closes_ptr + t, real.to(tl.uint8))

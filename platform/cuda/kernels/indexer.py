@@ -60,7 +60,7 @@ def index_scores(
     if block_table.shape[0] == 0:  # no sequence: every row is padding
         return out.fill_(NEG_INF)
     grid = (rows, -(-num_entries // BLOCK_E))
-    tensors = (q, w.float(), keys, block_table, positions, seq_ids)
+    tensors = (q, w, keys, block_table, positions, seq_ids)  # the kernel reads w as f32
     sizes = (heads, keys.shape[0], keys.shape[1], block_table.shape[1], p.ratio)
     K.index_scores_kernel[grid](
         *(t.contiguous() for t in tensors), out, *sizes, HEAD_DIM=width, BLOCK_H=max(16, _next_pow2(heads)),

@@ -82,7 +82,7 @@ def _scores(
     )
     q_off = (t.to(tl.int64) * num_heads + h)[:, None] * HEAD_DIM + d[None, :]
     q = tl.load(q_ptr + q_off, mask=hmask[:, None] & dmask[None, :], other=0.0)
-    w = tl.load(w_ptr + t.to(tl.int64) * num_heads + h, mask=hmask, other=0.0)
+    w = tl.load(w_ptr + t.to(tl.int64) * num_heads + h, mask=hmask, other=0.0).to(tl.float32)
     dots = low_dot(q, tl.trans(keys.to(q.dtype)), DOT)  # [BLOCK_H, BLOCK_E]
     scores = tl.sum(tl.maximum(dots, 0.0) * w[:, None], axis=0)
     visible = allocated & (e < (p + 1) // ratio)
