@@ -2,11 +2,14 @@
 emit them: a platform's lowering rewrites the pairs (platform/fusion.py, on for the cuda platform).
 Each computes exactly what its two equations compute, every intermediate rounded as they round it.
 
-- `<op>_qdq` (rms_norm, rope, swiglu, hc_collapse_norm): the op and the `act_qdq` of its output.
-  Outputs `(y, q)`, or `(q,)` when `raw` is False (y has no other reader), where y is the op's output and
-  q = act_qdq(y, fmt=qdq_fmt, out_dtype=qdq_dtype), which reads y as stored (rounded to y's dtype).
+- `<op>_qdq` (rms_norm, rope, swiglu, hc_collapse_norm, rms_norm_rope): the op and the `act_qdq` of its
+  output. Outputs `(y, q)`, or `(q,)` when `raw` is False (y has no other reader), where y is the op's
+  output and q = act_qdq(y, fmt=qdq_fmt, out_dtype=qdq_dtype), which reads y as stored (rounded to y's
+  dtype).
 - `hc_expand_pre`: hc_expand, then hc_pre of the streams it wrote (the next sublayer's coefficients).
 - `hc_collapse_norm`: hc_collapse, then rms_norm of the collapsed row (a sublayer's input).
+- `rms_norm_rope` (and its `_qdq`): rms_norm of the last dim, then rope of the normalized rows (a K(=V)
+  row or an index key: the norm is their only reader).
 - `encode_swa_write`, `encode_paged_write`: cache_encode of values, then the cache write of its entries.
 """
 
@@ -20,7 +23,7 @@ from dsgraph.graph.types import TensorType
 from dsgraph.ops import mhc, moe, nn, rope
 from dsgraph.ops.quant import SAME_DTYPE, ActQdqParams, QdqParams
 
-__all__ = ["FUSED_QDQ", "inner_params", "qdq_params"]
+__all__ = ["FUSED_QDQ", "inner_params", "qdq_params", "rope_params"]
 
 
 def _expand_pre_rule(p: mhc.HcPreParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -56,6 +59,31 @@ declare_op(
     _collapse_norm_rule,
     "`x [tokens, n, H] float, a [tokens, n] f32, weight [H] float` -> `[tokens, H] out_dtype`: "
     "rms_norm(hc_collapse(x, a) in out_dtype, weight) (ops/mhc.py, ops/nn.py).",
+    num_inputs=3,
+)
+
+
+@params
+class RMSNormRopeParams(rope.RopeParams):
+    eps: float = dataclasses.field(kw_only=True)  # the norm's; the rest are the rope's
+
+
+def rope_params(p: RMSNormRopeParams) -> rope.RopeParams:
+    """The rope's own params inside an `rms_norm_rope` op's."""
+    return rope.RopeParams(**{f.name: getattr(p, f.name) for f in dataclasses.fields(rope.RopeParams)})
+
+
+def _norm_rope_rule(p: RMSNormRopeParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    (y,) = get_op("rms_norm").infer(nn.RMSNormParams(eps=p.eps), ts[:2])
+    return get_op("rope").infer(rope_params(p), (y, ts[2]))
+
+
+declare_op(
+    "rms_norm_rope",
+    RMSNormRopeParams,
+    _norm_rope_rule,
+    "`x [*, D] float, weight [D] float, positions [tokens] i32` -> `[*, D]` x's dtype: "
+    "rope(rms_norm(x, weight) rounded to x's dtype, positions) (ops/nn.py, ops/rope.py).",
     num_inputs=3,
 )
 
@@ -107,6 +135,13 @@ class HcCollapseNormQdqParams(HcCollapseNormParams):
     raw: bool = True
 
 
+@params
+class RMSNormRopeQdqParams(RMSNormRopeParams):
+    qdq_fmt: str = "fp8_g32"
+    qdq_dtype: str = SAME_DTYPE
+    raw: bool = True
+
+
 def inner_params(p: Any) -> Any:
     """The producer's own params inside a `<op>_qdq` op's params (its base class)."""
     base = type(p).__mro__[1]
@@ -148,3 +183,4 @@ _declare("rms_norm", RMSNormQdqParams)
 _declare("rope", RopeQdqParams)
 _declare("swiglu", SwigluQdqParams)
 _declare("hc_collapse_norm", HcCollapseNormQdqParams)
+_declare("rms_norm_rope", RMSNormRopeQdqParams)

@@ -7,9 +7,10 @@ merge, in order:
 1. `hc_expand` and the `hc_pre` of the streams it wrote -> `hc_expand_pre` (at the expand's place; the
    pre's weights are graph inputs);
 2. `hc_collapse` read only by an `rms_norm` -> `hc_collapse_norm` (at the norm's place);
-3. `cache_encode` read only by a `swa_write` / `paged_write` -> `encode_swa_write` /
+3. `rms_norm` read only by a `rope` -> `rms_norm_rope` (at the rope's place);
+4. `cache_encode` read only by a `swa_write` / `paged_write` -> `encode_swa_write` /
    `encode_paged_write` (at the write's place);
-4. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
+5. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
    anything else reads it (`raw`). One act_qdq folds per op (CSE leaves at most one per format).
 """
 
@@ -20,7 +21,7 @@ from collections import Counter
 
 from dsgraph.graph.ir import Eqn, Graph, Var
 from dsgraph.graph.op import get_op
-from dsgraph.ops.fused import FUSED_QDQ, HcCollapseNormParams
+from dsgraph.ops.fused import FUSED_QDQ, HcCollapseNormParams, RMSNormRopeParams
 
 __all__ = ["fuse", "fuse_qdq"]
 
@@ -86,6 +87,20 @@ def fuse_collapse_norm(graph: Graph) -> Graph:
     return _rewrite(graph, merged, dropped)
 
 
+def fuse_norm_rope(graph: Graph) -> Graph:
+    readers = _readers(graph)
+    merged, dropped = {}, set()
+    for i, j in _pairs(graph, "rms_norm", "rope"):
+        norm, rope = graph.eqns[i], graph.eqns[j]
+        if readers[norm.outputs[0].id] != 1:
+            continue
+        fields = {f.name: getattr(rope.params, f.name) for f in dataclasses.fields(rope.params)}
+        p = RMSNormRopeParams(**fields, eps=norm.params.eps)
+        merged[j] = Eqn("rms_norm_rope", norm.inputs + rope.inputs[1:], rope.outputs, p, rope.source)
+        dropped.add(i)
+    return _rewrite(graph, merged, dropped)
+
+
 def fuse_encode_write(graph: Graph) -> Graph:
     readers = _readers(graph)
     merged, dropped = {}, set()
@@ -123,4 +138,4 @@ def fuse_qdq(graph: Graph) -> Graph:
 
 def fuse(graph: Graph) -> Graph:
     """Every rewrite above, in order."""
-    return fuse_qdq(fuse_encode_write(fuse_collapse_norm(fuse_expand_pre(graph))))
+    return fuse_qdq(fuse_encode_write(fuse_norm_rope(fuse_collapse_norm(fuse_expand_pre(graph)))))

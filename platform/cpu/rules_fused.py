@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from dsgraph.graph.op import NoParams
-from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params
+from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params, rope_params
 from dsgraph.ops.mhc import HcCollapseParams
 from dsgraph.ops.nn import RMSNormParams
 from dsgraph.platform.cpu import rules_cache, rules_quant
@@ -26,6 +26,10 @@ def hc_expand_pre(p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor, *pre
 def hc_collapse_norm(p: Any, x: Tensor, a: Tensor, w: Tensor) -> Tensor:
     row = hc_collapse(HcCollapseParams(out_dtype=p.out_dtype), x, a)
     return rms_norm(RMSNormParams(eps=p.eps), row, w)
+
+
+def rms_norm_rope(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor:
+    return rope(rope_params(p), rms_norm(RMSNormParams(eps=p.eps), x, w), positions)
 
 
 def encode_swa_write(p: Any, ring: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
@@ -51,10 +55,17 @@ def _fused(producer: Any) -> Any:
     return rule
 
 
-_PRODUCERS = {"rms_norm": rms_norm, "rope": rope, "swiglu": swiglu, "hc_collapse_norm": hc_collapse_norm}
+_PRODUCERS = {
+    "rms_norm": rms_norm,
+    "rope": rope,
+    "swiglu": swiglu,
+    "hc_collapse_norm": hc_collapse_norm,
+    "rms_norm_rope": rms_norm_rope,
+}
 RULES: dict[str, Any] = {
     "hc_expand_pre": hc_expand_pre,
     "hc_collapse_norm": hc_collapse_norm,
+    "rms_norm_rope": rms_norm_rope,
     "encode_swa_write": encode_swa_write,
     "encode_paged_write": encode_paged_write,
     **{FUSED_QDQ[name]: _fused(rule) for name, rule in _PRODUCERS.items()},

@@ -264,6 +264,14 @@ def _fused() -> None:
         meta = dict(D=width, ROPE=64, INVERSE=False, BLOCK_H=norm_rope.ROPE_BLOCK_H, BLOCK_P=32)
         meta |= dict(BLOCK_D=mhc.next_pow2(width - 64), OUT=tl.bfloat16, RAW=raw, **qdq)
         _without_spills(norm_rope_tl.rope_kernel, rope, meta)
+    # rms_norm_rope: the K(=V) row (512, FP8 quantized: the SWA ring's) and the index key (128, plain)
+    norm_rope_types = {"x_ptr": bf16, "w_ptr": bf16, "pos_ptr": "*i32", "freq_ptr": f32, "out_ptr": bf16}
+    norm_rope_types |= {"q_ptr": bf16, "eps": "fp32", "heads": "i32"}
+    for width, raw, qdq in ((512, True, fp8), (512, False, fp8), (128, True, plain)):
+        meta = dict(D=width, ROPE=64, INVERSE=False, BLOCK=mhc.next_pow2(width), BLOCK_P=32)
+        _without_spills(
+            norm_rope_tl.norm_rope_kernel, norm_rope_types, {**meta, "OUT": tl.bfloat16, "RAW": raw, **qdq}
+        )
     swiglu = {"g_ptr": bf16, "v_ptr": bf16, "out_ptr": f32, "q_ptr": bf16, "size": "i32", "limit": "fp32"}
     for raw, qdq in ((True, plain), (False, fp8)):
         meta = dict(BLOCK=moe_tl.SWIGLU_BLOCK, OUT=tl.float32, RAW=raw, **qdq)

@@ -1,9 +1,10 @@
 """The cuda rules of the fused ops (ops/fused.py) give the bits of the two cuda rules they fuse:
-- `<op>_qdq` (rms_norm, rope, swiglu, hc_collapse_norm): one kernel that quantizes what it computed, for
-  every quantization format, both output dtypes, with and without the raw output, and on non-finite
-  values; shapes the kernel does not quantize apart fall back to the two launches;
-- `hc_expand_pre` (hc_pre's kernel computing the streams as hc_expand's does) and `hc_collapse_norm`
-  (the norm's kernel collapsing the streams as it reads them).
+- `<op>_qdq` (rms_norm, rope, swiglu, hc_collapse_norm, rms_norm_rope): one kernel that quantizes what
+  it computed, for every quantization format, both output dtypes, with and without the raw output, and
+  on non-finite values; shapes the kernel does not quantize apart fall back to the two launches;
+- `hc_expand_pre` (hc_pre's kernel computing the streams as hc_expand's does), `hc_collapse_norm`
+  (the norm's kernel collapsing the streams as it reads them) and `rms_norm_rope` (one program per row
+  normalizing, then rotating its rope columns).
 On a CUDA machine the kernels run on the GPU, elsewhere under Triton's interpreter.
 """
 
@@ -19,9 +20,12 @@ from dsgraph.ops.fused import (  # noqa: E402
     HcCollapseNormParams,
     HcCollapseNormQdqParams,
     RMSNormQdqParams,
+    RMSNormRopeParams,
+    RMSNormRopeQdqParams,
     RopeQdqParams,
     SwigluQdqParams,
     inner_params,
+    rope_params,
 )
 from dsgraph.ops.mhc import HcCollapseParams, HcPreParams  # noqa: E402
 from dsgraph.ops.nn import RMSNormParams  # noqa: E402
@@ -39,17 +43,23 @@ def _collapse_then_norm(p, x, a, w):  # type: ignore[no-untyped-def]
     return norm_rope.rms_norm(RMSNormParams(eps=p.eps), row, w)
 
 
+def _norm_then_rope(p, x, w, positions):  # type: ignore[no-untyped-def]
+    return norm_rope.rope(rope_params(p), norm_rope.rms_norm(RMSNormParams(eps=p.eps), x, w), positions)
+
+
 PRODUCERS = {
     "rms_norm_qdq": norm_rope.rms_norm,
     "rope_qdq": norm_rope.rope,
     "swiglu_qdq": moe.swiglu,
     "hc_collapse_norm_qdq": _collapse_then_norm,
+    "rms_norm_rope_qdq": _norm_then_rope,
 }
 FUSED = {
     "rms_norm_qdq": norm_rope.rms_norm_qdq,
     "rope_qdq": norm_rope.rope_qdq,
     "swiglu_qdq": moe.swiglu_qdq,
     "hc_collapse_norm_qdq": norm_rope.hc_collapse_norm_qdq,
+    "rms_norm_rope_qdq": norm_rope.rms_norm_rope_qdq,
 }
 
 
@@ -111,6 +121,10 @@ def _cases() -> list[tuple[str, object, list[torch.Tensor]]]:
                 )
                 p = HcCollapseNormQdqParams(eps=1e-6, out_dtype="bf16", **q)
                 cases.append(("hc_collapse_norm_qdq", p, [streams, mix, torch.rand(H).bfloat16() + 0.5]))
+                p = RMSNormRopeQdqParams(rope_dim=32, inverse=not raw, eps=1e-6, **YARN, **q)
+                cases.append(
+                    ("rms_norm_rope_qdq", p, [x.bfloat16(), torch.rand(96).bfloat16() + 0.5, positions])
+                )
     return cases
 
 
@@ -200,6 +214,21 @@ def test_collapse_norm_is_collapse_then_norm() -> None:
         compare_rules("hc_collapse_norm", p, [o["x"], o["a"], o["w"]])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_norm_rope_is_norm_then_rope(dtype: torch.dtype) -> None:
+    """rms_norm_rope in one launch: the norm's and the rope's bits (token rows, and heads of a token
+    sharing its position; a head that is all rope columns), and the cpu rules' values within theirs."""
+    positions = torch.tensor([0, 17, 70000], dtype=torch.int32)
+    for shape, rope_dim in (((3, 96), 32), ((3, 4, 96), 32), ((3, 2, 64), 64)):
+        gen = _gen(sum(shape))
+        args = [(torch.randn(shape, generator=gen) * 3).to(dtype), torch.rand(shape[-1], generator=gen) + 0.5]
+        for inverse in (False, True):
+            p = RMSNormRopeParams(rope_dim=rope_dim, inverse=inverse, eps=1e-6, **YARN)
+            dev = on_device([*args, positions])
+            _same_bits((norm_rope.rms_norm_rope(p, *dev),), (_norm_then_rope(p, *dev),), f"{shape} {p}")
+            compare_rules("rms_norm_rope", p, [*args, positions])
+
+
 @pytest.mark.gpu
 def test_fused_at_real_width() -> None:
     """hidden 5120 (norm), 64 heads of 512 with rope 64 (q) and the single kv head, the shared expert's
@@ -215,6 +244,8 @@ def test_fused_at_real_width() -> None:
          [torch.randn(8, 512).bfloat16(), positions]),
         ("swiglu_qdq", SwigluQdqParams(limit=10.0, out_dtype="f32", raw=False, **q),
          [torch.randn(8, 2048) * 4, torch.randn(8, 2048).bfloat16() * 4]),
+        ("rms_norm_rope_qdq", RMSNormRopeQdqParams(rope_dim=64, eps=1e-6, raw=True, **YARN, **q),
+         [torch.randn(8, 512).bfloat16(), torch.rand(512).bfloat16(), positions]),
     ]  # fmt: skip
     for op, p, args in cases:
         args = on_device(args)

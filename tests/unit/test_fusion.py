@@ -120,6 +120,37 @@ def test_an_encoding_read_only_by_its_cache_write_is_merged_into_it() -> None:
     assert eqn.outputs == graph.eqns[1].outputs
 
 
+ROPE = dict(rope_dim=16, theta=10000.0)
+POS = TensorType((3,), "i32")
+
+
+def _kv_row(x, w, positions):  # type: ignore[no-untyped-def]
+    """A K(=V) row's chain: norm, rope of the normalized row, its FP8 quantization."""
+    kv = op.rope(op.rms_norm(x, w, eps=1e-6), positions, **ROPE)
+    return {"kv": kv, "q": op.act_qdq(kv, fmt="fp8_g32")}
+
+
+def _norm_read_by_rope_and_more(x, w, positions):  # type: ignore[no-untyped-def]
+    y = op.rms_norm(x, w, eps=1e-6)
+    return {"r": op.rope(y, positions, **ROPE), "y": y}
+
+
+def test_a_norm_read_only_by_a_rope_is_merged_into_it_and_its_qdq_folds() -> None:
+    graph = make_graph(_kv_row, X, W, POS)
+    fused = fuse(graph)
+    assert _ops(fused) == ["rms_norm_rope_qdq"]
+    (eqn,) = fused.eqns
+    assert eqn.inputs == graph.inputs and eqn.outputs == (graph.eqns[1].outputs[0], graph.eqns[2].outputs[0])
+    p = eqn.params
+    assert (p.eps, p.rope_dim, p.theta, p.qdq_fmt, p.raw) == (1e-6, 16, 10000.0, "fp8_g32", True)
+    assert deserialize(serialize(fused)) == fused
+
+
+def test_a_norm_read_elsewhere_is_not_merged_into_its_rope() -> None:
+    graph = make_graph(_norm_read_by_rope_and_more, X, W, POS)
+    assert fuse(graph) is graph
+
+
 def _same_results(graph, args) -> None:  # type: ignore[no-untyped-def]
     fusing = dataclasses.replace(CPU, fuse=True)
     plain, fused = lower(graph, CPU), lower(graph, fusing)
@@ -139,6 +170,8 @@ def test_the_fused_graphs_compute_the_same_values() -> None:
             for t in HC_TYPES]  # fmt: skip
     args[2] = args[2].abs() + 0.1
     _same_results(make_graph(_sublayer_boundary, *HC_TYPES), args)
+    args = [(torch.randn(3, 64, generator=gen) * 3).bfloat16(), torch.rand(64, generator=gen).bfloat16()]
+    _same_results(make_graph(_kv_row, X, W, POS), [*args, torch.tensor([0, 9, 70000], dtype=torch.int32)])
 
 
 def test_the_cuda_platform_fuses_and_the_cpu_platform_does_not() -> None:

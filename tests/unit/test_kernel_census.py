@@ -42,6 +42,21 @@ def test_split_sums_take_no_launch_of_their_own(decode: dict) -> None:
         assert row["launches"] == row["equations"], (op, row)
 
 
+def test_norms_read_only_by_a_rope_share_its_launch(decode: dict) -> None:
+    """Each layer's K(=V) row (norm, rope, FP8 quantization) and each KV source's index key (norm, rope)
+    in one launch (platform/fusion.py); the compressor reads u and writes latent in their dtypes, the
+    indexer's head weights go in as BF16: no cast left in the step. Bench model b1: 285 launches, 35.0 a
+    decoder layer when this was written (issue 16 asks <= 40)."""
+    ops = decode["per_op"]
+    assert ops["rms_norm_rope_qdq"] == {
+        "equations": 8,
+        "launches": 8,
+        "kernels": {"triton:norm_rope_kernel": 8},
+    }
+    assert ops["rms_norm_rope"]["launches"] == 2 and "cast" not in ops
+    assert decode["launches"] <= 285 and decode["per_layer_mean"] <= 40
+
+
 def test_every_triton_launch_is_in_its_ops_kernel_table(decode: dict) -> None:
     tables = kernel_launches(kernel_rules()[0])
     for op, row in decode["per_op"].items():

@@ -1,7 +1,8 @@
 """cuda rules of `rms_norm` and `rope` (dsgraph.ops.nn, dsgraph.ops.rope): one Triton kernel each
 (norm_rope_tl.py) in place of the cpu rules' chains of small torch kernels. The fused ops (ops/fused.py)
 run the same kernels: `rms_norm_qdq` and `rope_qdq` quantizing what they computed, `hc_collapse_norm`
-(and its `_qdq`) the norm's kernel collapsing the streams as it reads them.
+(and its `_qdq`) the norm's kernel collapsing the streams as it reads them, `rms_norm_rope` (and its
+`_qdq`) one kernel doing both for a row.
 
 Numerics against platform/cpu/rules_core.rms_norm and rules_rope.rope:
 - rms_norm: the sum of squares is added in another order than torch's mean (a few f32 ulps in the
@@ -21,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dsgraph.ops.fused import inner_params
+from dsgraph.ops.fused import inner_params, rope_params
+from dsgraph.ops.nn import RMSNormParams
 from dsgraph.platform.cpu import rules_core, rules_fused, rules_rope
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
@@ -34,6 +36,8 @@ __all__ = [
     "hc_collapse_norm_qdq",
     "rms_norm",
     "rms_norm_qdq",
+    "rms_norm_rope",
+    "rms_norm_rope_qdq",
     "rope",
     "rope_qdq",
 ]
@@ -141,6 +145,45 @@ def rope_qdq(p: Any, x: Tensor, positions: Tensor) -> Tensor | tuple[Tensor, Ten
     return (out, q) if p.raw else q
 
 
+def _launch_norm_rope(
+    p: Any, x: Tensor, w: Tensor, positions: Tensor, out: Tensor, q: Tensor, raw: bool, qdq: dict
+) -> None:
+    from dsgraph.platform.cuda.kernels import norm_rope_tl as K
+
+    tokens, width = x.shape[0], x.shape[-1]
+    rows = x.numel() // width if width else 0
+    if rows:
+        freq = rules_rope.rope_frequencies(rope_params(p), x.device)
+        K.norm_rope_kernel[(rows,)](
+            x.contiguous(), w.contiguous(), positions.contiguous(), freq,
+            out, q, float(p.eps), rows // tokens, D=width, ROPE=p.rope_dim, INVERSE=bool(p.inverse),
+            BLOCK=min(NORM_BLOCK, next_pow2(width)), BLOCK_P=next_pow2(max(p.rope_dim // 2, 1)),
+            OUT=triton_dtype(x.dtype), RAW=raw, **qdq, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+
+
+def rms_norm_rope(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor:
+    """rms_norm then rope (ops/fused.py) in one launch; shapes the rope kernel does not take run the two
+    rules."""
+    if not _rope_applies(p, x):
+        return rope(rope_params(p), rms_norm(RMSNormParams(eps=p.eps), x, w), positions)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch_norm_rope(p, x, w, positions, out, out, True, no_epilogue(out))
+    return out
+
+
+def rms_norm_rope_qdq(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    inner = inner_params(p)
+    widths = (x.shape[-1] - p.rope_dim, p.rope_dim)
+    fused = epilogue(p, tuple(x.shape), x.dtype, x.device, *widths) if _rope_applies(inner, x) else None
+    if fused is None:
+        return then_qdq(p, rms_norm_rope(inner, x, w, positions))
+    q, qdq = fused
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if p.raw else q
+    _launch_norm_rope(inner, x, w, positions, out, q, p.raw, qdq)
+    return (out, q) if p.raw else q
+
+
 RULES: dict[str, Any] = {
     "rms_norm": rms_norm,
     "rope": rope,
@@ -148,6 +191,8 @@ RULES: dict[str, Any] = {
     "rope_qdq": rope_qdq,
     "hc_collapse_norm": hc_collapse_norm,
     "hc_collapse_norm_qdq": hc_collapse_norm_qdq,
+    "rms_norm_rope": rms_norm_rope,
+    "rms_norm_rope_qdq": rms_norm_rope_qdq,
 }
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them)
 KERNELS: dict[str, tuple[str, ...]] = {
@@ -157,4 +202,6 @@ KERNELS: dict[str, tuple[str, ...]] = {
     "rope_qdq": ("norm_rope_tl.rope_kernel", "quant_act_tl.qdq_kernel"),
     "hc_collapse_norm": ("norm_rope_tl.rms_norm_kernel",),
     "hc_collapse_norm_qdq": ("norm_rope_tl.rms_norm_kernel", "quant_act_tl.qdq_kernel"),
+    "rms_norm_rope": ("norm_rope_tl.norm_rope_kernel",),
+    "rms_norm_rope_qdq": ("norm_rope_tl.norm_rope_kernel", "quant_act_tl.qdq_kernel"),
 }

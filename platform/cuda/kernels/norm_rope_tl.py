@@ -7,6 +7,9 @@ from the cpu helper), cos and sin evaluated in f64 and rounded once to f32 (the 
 which the C library's cosf/sinf that the cpu rule calls give nearly always), then the rotation with
 each product rounded before the sum. The rules launch with fp-fusion off so no product is fused.
 
+norm_rope (the fused `rms_norm_rope`): one program per row runs both, the rope reading the norm's rounded
+outputs from registers.
+
 Importing this module imports triton; norm_rope.py imports it lazily.
 """
 
@@ -36,6 +39,18 @@ def _norm_input(x_ptr, a_ptr, t, cols, mask, D: tl.constexpr, N: tl.constexpr, O
 
 
 @triton.jit
+def _inv_rms(x_ptr, a_ptr, t, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
+    """1 / sqrt(mean(x[t]^2) + eps) of row t: squares summed in BLOCK tiles, then one tree sum."""
+    c = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for c0 in tl.static_range(0, D, BLOCK):
+        x = _norm_input(x_ptr, a_ptr, t, c0 + c, c0 + c < D, D, N, OUT)
+        acc += x * x
+    ms = tl.math.div_rn(tl.sum(acc, axis=0), tl.full((), D, tl.float32)) + eps
+    return tl.math.div_rn(1.0, tl.math.sqrt_rn(ms))
+
+
+@triton.jit
 def rms_norm_kernel(
     x_ptr, a_ptr, w_ptr, out_ptr, q_ptr, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr,
     OUT: tl.constexpr, RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
@@ -46,12 +61,7 @@ def rms_norm_kernel(
     cast to QOUT."""
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for c0 in tl.static_range(0, D, BLOCK):
-        x = _norm_input(x_ptr, a_ptr, t, c0 + c, c0 + c < D, D, N, OUT)
-        acc += x * x
-    ms = tl.math.div_rn(tl.sum(acc, axis=0), tl.full((), D, tl.float32)) + eps
-    r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms))
+    r = _inv_rms(x_ptr, a_ptr, t, eps, D, N, BLOCK, OUT)
     for c0 in tl.static_range(0, D, BLOCK):
         mask = c0 + c < D
         x = _norm_input(x_ptr, a_ptr, t, c0 + c, mask, D, N, OUT)
@@ -108,3 +118,55 @@ def rope_kernel(
         q0, q1 = tl.split(tl.reshape(qdq_tile(y, QDQ, GROUP, QOUT), (BLOCK_H, BLOCK_P, 2)))
         tl.store(q_ptr + even, q0, mask=pairs)
         tl.store(q_ptr + even + 1, q1, mask=pairs)
+
+
+@triton.jit
+def _normed(x_ptr, w_ptr, offs, cols, mask, r, OUT: tl.constexpr) -> tl.tensor:
+    """rms_norm_kernel's output at row offsets `offs` (weight columns `cols`), as stored then read back."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return round_f32_to(w * (x * r), OUT).to(tl.float32)
+
+
+@triton.jit
+def norm_rope_kernel(
+    x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, q_ptr, eps, heads,
+    D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    OUT: tl.constexpr, RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+):  # fmt: skip
+    """Grid (rows,), a row = one head of a token (token = row // heads): rms_norm_kernel's factor and
+    output, then rope_kernel's rotation of the last ROPE columns, whose inputs are the norm's outputs as
+    rms_norm_kernel stores them (the same arithmetic, so the bits of the two launches, with no round
+    trip through memory). Stored when RAW; QDQ >= 0 quantizes as rope_kernel does (the passed-through
+    and the rotated columns apart)."""
+    t = tl.program_id(0).to(tl.int64)
+    r = _inv_rms(x_ptr, x_ptr, t, eps, D, 0, BLOCK, OUT)
+    c = tl.arange(0, BLOCK)
+    for c0 in tl.static_range(0, D - ROPE, BLOCK):
+        mask = c0 + c < D - ROPE
+        y = _normed(x_ptr, w_ptr, t * D + c0 + c, c0 + c, mask, r, OUT)
+        if RAW:
+            tl.store(out_ptr + t * D + c0 + c, y.to(OUT), mask=mask)
+        if QDQ >= 0:
+            q = qdq_tile(tl.reshape(y, (1, BLOCK)), QDQ, GROUP, QOUT)
+            tl.store(q_ptr + t * D + c0 + c, tl.reshape(q, (BLOCK,)), mask=mask)
+    j = tl.arange(0, BLOCK_P)[None, :]
+    pairs = j < ROPE // 2
+    angle = tl.load(pos_ptr + t // heads).to(tl.float32) * tl.load(freq_ptr + j, mask=pairs, other=0.0)
+    cos = tl.cos(angle.to(tl.float64)).to(tl.float32)
+    sin = tl.sin(angle.to(tl.float64)).to(tl.float32)
+    if INVERSE:
+        sin = sin * -1.0  # not -sin: Triton negates as 0 - x, which loses the sign of -0
+    cols = (D - ROPE) + 2 * j
+    x0 = _normed(x_ptr, w_ptr, t * D + cols, cols, pairs, r, OUT)
+    x1 = _normed(x_ptr, w_ptr, t * D + cols + 1, cols + 1, pairs, r, OUT)
+    real = round_f32_to(x0 * cos - x1 * sin, OUT)
+    imag = round_f32_to(x0 * sin + x1 * cos, OUT)
+    if RAW:
+        tl.store(out_ptr + t * D + cols, real, mask=pairs)
+        tl.store(out_ptr + t * D + cols + 1, imag, mask=pairs)
+    if QDQ >= 0:
+        y = tl.reshape(tl.join(real.to(tl.float32), imag.to(tl.float32)), (1, 2 * BLOCK_P))
+        q0, q1 = tl.split(tl.reshape(qdq_tile(y, QDQ, GROUP, QOUT), (1, BLOCK_P, 2)))
+        tl.store(q_ptr + t * D + cols, q0, mask=pairs)
+        tl.store(q_ptr + t * D + cols + 1, q1, mask=pairs)
