@@ -8,6 +8,8 @@ Each computes exactly what its two equations compute, every intermediate rounded
   dtype).
 - `hc_expand_pre`: hc_expand, then hc_pre of the streams it wrote (the next sublayer's coefficients).
 - `hc_collapse_norm`: hc_collapse, then rms_norm of the collapsed row (a sublayer's input).
+- `linear_pair`: two linears of one activation with the same params (block-scaled weights), e.g. the
+  shared expert's w1 and w3, or the attention's wq_a and wkv.
 - `rms_norm_rope` (and its `_qdq`): rms_norm of the last dim, then rope of the normalized rows (a K(=V)
   row or an index key: the norm is their only reader).
 - `encode_swa_write`, `encode_paged_write`: cache_encode of values, then the cache write of its entries.
@@ -85,6 +87,22 @@ declare_op(
     "`x [*, D] float, weight [D] float, positions [tokens] i32` -> `[*, D]` x's dtype: "
     "rope(rms_norm(x, weight) rounded to x's dtype, positions) (ops/nn.py, ops/rope.py).",
     num_inputs=3,
+)
+
+
+def _linear_pair_rule(p: nn.LinearParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    x, w1, s1, w2, s2 = ts
+    linear = get_op("linear")
+    return (*linear.infer(p, (x, w1, s1)), *linear.infer(p, (x, w2, s2)))
+
+
+declare_op(
+    "linear_pair",
+    nn.LinearParams,
+    _linear_pair_rule,
+    "`x [*, k] float, w1, scale1, w2, scale2` (two block-scaled weights) -> `(y1 [*, rows1], y2 [*, rows2])` "
+    "out_dtype: linear(x, w1, scale1), linear(x, w2, scale2) with the same params (ops/nn.py).",
+    num_inputs=5,
 )
 
 

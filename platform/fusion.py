@@ -10,7 +10,9 @@ merge, in order:
 3. `rms_norm` read only by a `rope` -> `rms_norm_rope` (at the rope's place);
 4. `cache_encode` read only by a `swa_write` / `paged_write` -> `encode_swa_write` /
    `encode_paged_write` (at the write's place);
-5. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
+5. two `linear`s of block-scaled weights that read one activation with the same params ->
+   `linear_pair` (at the first one's place), in equation order;
+6. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
    anything else reads it (`raw`). One act_qdq folds per op (CSE leaves at most one per format).
 """
 
@@ -115,6 +117,26 @@ def fuse_encode_write(graph: Graph) -> Graph:
     return _rewrite(graph, merged, dropped)
 
 
+def fuse_linear_pairs(graph: Graph) -> Graph:
+    open_pairs: dict[tuple, int] = {}  # (x id, params) -> the equation waiting for its partner
+    merged, dropped = {}, set()
+    for j, e in enumerate(graph.eqns):
+        if e.op != "linear" or e.params.weight_format != "fp8_block32" or not isinstance(e.inputs[0], Var):
+            continue
+        key = (e.inputs[0].id, e.params)
+        i = open_pairs.pop(key, None)
+        if i is None:
+            open_pairs[key] = j
+            continue
+        first = graph.eqns[i]
+        if not all(a.id in _defined_before(graph, i) for a in e.inputs[1:] if isinstance(a, Var)):
+            continue
+        outs = (first.outputs[0], e.outputs[0])
+        merged[i] = Eqn("linear_pair", first.inputs + e.inputs[1:], outs, first.params, first.source)
+        dropped.add(j)
+    return _rewrite(graph, merged, dropped)
+
+
 def _with_qdq(producer: Eqn, qdq: Eqn, raw: bool) -> Eqn:
     name = FUSED_QDQ[producer.op]
     fields = {f.name: getattr(producer.params, f.name) for f in dataclasses.fields(producer.params)}
@@ -138,4 +160,5 @@ def fuse_qdq(graph: Graph) -> Graph:
 
 def fuse(graph: Graph) -> Graph:
     """Every rewrite above, in order."""
-    return fuse_qdq(fuse_encode_write(fuse_norm_rope(fuse_collapse_norm(fuse_expand_pre(graph)))))
+    graph = fuse_encode_write(fuse_norm_rope(fuse_collapse_norm(fuse_expand_pre(graph))))
+    return fuse_qdq(fuse_linear_pairs(graph))

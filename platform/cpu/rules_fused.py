@@ -11,7 +11,7 @@ from dsgraph.graph.op import NoParams
 from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params, rope_params
 from dsgraph.ops.mhc import HcCollapseParams
 from dsgraph.ops.nn import RMSNormParams
-from dsgraph.platform.cpu import rules_cache, rules_quant
+from dsgraph.platform.cpu import rules_cache, rules_core, rules_quant
 from dsgraph.platform.cpu.rules_core import rms_norm
 from dsgraph.platform.cpu.rules_mhc import hc_collapse, hc_expand, hc_pre
 from dsgraph.platform.cpu.rules_moe import swiglu
@@ -30,6 +30,10 @@ def hc_collapse_norm(p: Any, x: Tensor, a: Tensor, w: Tensor) -> Tensor:
 
 def rms_norm_rope(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor:
     return rope(rope_params(p), rms_norm(RMSNormParams(eps=p.eps), x, w), positions)
+
+
+def linear_pair(p: Any, x: Tensor, w1: Tensor, s1: Tensor, w2: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
+    return rules_core.linear(p, x, w1, s1), rules_core.linear(p, x, w2, s2)
 
 
 def encode_swa_write(p: Any, ring: Tensor, values: Tensor, *operands: Tensor) -> Tensor:
@@ -66,6 +70,7 @@ RULES: dict[str, Any] = {
     "hc_expand_pre": hc_expand_pre,
     "hc_collapse_norm": hc_collapse_norm,
     "rms_norm_rope": rms_norm_rope,
+    "linear_pair": linear_pair,
     "encode_swa_write": encode_swa_write,
     "encode_paged_write": encode_paged_write,
     **{FUSED_QDQ[name]: _fused(rule) for name, rule in _PRODUCERS.items()},

@@ -410,6 +410,7 @@ def _linear(every: bool) -> None:
         tiles |= set(candidates())
     ints = ("m_size", "n_size", "x_stride_m", "x_stride_g", "out_stride_m", "out_stride_g", "out_size")
     sizes = {name: "i32" for name in (*ints, "s_stride")}
+    pair_sizes = {name: "i32" for name in ("n2_size", "out2_size", "s2_stride")}
     aligned = {name: 1 if name == "m_size" else 16 for name in sizes}
     deq = {"w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "rows_size": "i32", "k_size": "i32"}
     _without_spills(
@@ -421,16 +422,19 @@ def _linear(every: bool) -> None:
         for mode, x in modes:
             w = "*fp8e4nv" if t.swapped else "*bf16"
             types = {"x_ptr": x, "w_ptr": w, "s_ptr": "*u8", "out_ptr": "*bf16", **split}
+            types |= {"w2_ptr": w, "s2_ptr": "*u8", "out2_ptr": "*bf16", "part2_ptr": "*fp32"}
             # K split in 4 (the shared experts' w1/w3): a program per range and the last range's sum
             # (swapped, decode), or the ranges one after the other in one program (plain, as launch picks)
             meta = dict(K_SIZE=5120, K_SPLIT=1280, W_FP8=t.swapped, X_MODE=mode, SWAPPED=t.swapped)
             meta["IN_PROGRAM"] = bf16.sums_in_program(t)
             meta |= dict(EMU_F32=False, EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
             meta["WIDE"] = t.wide and mode != bf16.X_SPLIT  # as linear_bf16_tl.launch sets it
-            print(f"linear {t} x {x} mode {mode}", flush=True)
-            _without_spills(
-                bf16.gemm_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
-            )
+            for pair in (False, True):  # one weight, or w1 and w3 in one launch (linear_pair)
+                print(f"linear {t} x {x} mode {mode} pair {pair}", flush=True)
+                _without_spills(
+                    bf16.gemm_kernel, {**types, **sizes, **pair_sizes}, {**meta, "PAIR": pair}, t.num_warps,
+                    True, t.num_stages, {**aligned, **dict.fromkeys(pair_sizes, 16)},
+                )  # fmt: skip
     for t in sorted({t for _, t in rule.DENSE_TILE_TABLE}):
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*fp32", **split}
         for k_split in (5120, 1280):  # whole K (the head), K split in 4 (the router gate at decode)

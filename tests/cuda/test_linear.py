@@ -424,3 +424,44 @@ def test_split_k_refuses_ranges_that_cut_a_k_step() -> None:
     out = torch.empty(1, 1, 32, device=DEVICE, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"2 K splits of K = 320, expected K a multiple of BLOCK_K \(128\)"):
         linear_tl.launch(x, w, None, out, linear_tl.DOT_NATIVE, (64, 32, 128, 4, 4), splits=2)
+
+
+# (case, rows): decode tiles at 1 and 20 rows, the plain tiles at 300; FP8-g32 and f32 (split) inputs
+# at one row (the interpreter is slow on their passes)
+PAIR_CASES = [(CASES[3], 1), (CASES[3], 20), (CASES[3], 300), (CASES[0], 1), (CASES[1], 1)]
+
+
+@pytest.mark.parametrize(
+    ("case", "rows"), PAIR_CASES, ids=[f"{c[1]}-{str(c[2])[6:]}-rows{r}" for c, r in PAIR_CASES]
+)
+def test_a_pair_of_linears_has_the_bits_of_two_launches(
+    case: tuple, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """linear_pair (two FP8 weights read by one x, ops/fused.py) in one launch: each output has the bits
+    of its weight's own launch, for decode (swapped) and prefill (plain) tiles, split K (the second
+    weight's columns in other programs of the same grid) and two widths (a partial last tile)."""
+    p, x, w = _split_case(case, rows, 31, monkeypatch)
+    gen = torch.Generator().manual_seed(32)
+    w2 = _weight(case[0], 160, x.shape[1], x.dtype, gen)
+    assert cuda_linear.k_splits(1, 160, x.shape[1]) == cuda_linear.k_splits(1, w[0].shape[0], x.shape[1])
+    dev = [t.to(DEVICE) for t in (x, *w, *w2)]
+    got = cuda_linear.linear_pair(p, *dev)
+    want = (cuda_linear.linear(p, dev[0], *dev[1:3]), cuda_linear.linear(p, dev[0], *dev[3:5]))
+    for g, ref in zip(got, want, strict=True):
+        assert g.shape == ref.shape and torch.equal(_bits(g), _bits(ref))
+    assert cuda_linear._one_launch(p, dev[0], dev[1], dev[3])
+
+
+def test_a_pair_whose_splits_differ_runs_two_launches() -> None:
+    """Weights whose K splits differ (a wide one is not split) keep a launch each: the same results."""
+    gen = torch.Generator().manual_seed(33)
+    p = _params("fp8_block32", "fp8_g32", "bf16")
+    x = torch.randn(3, 5120, generator=gen).bfloat16()
+    assert cuda_linear.k_splits(1, 2304, 5120) != cuda_linear.k_splits(1, 129280, 5120)
+    small, wide = SimpleNamespace(shape=(2304, 5120)), SimpleNamespace(shape=(129280, 5120))
+    assert not cuda_linear._one_launch(p, x.to(DEVICE), small, wide)
+    w1, w2 = _weight("fp8_block32", 64, 64, x.dtype, gen), _weight("fp8_block32", 96, 64, x.dtype, gen)
+    xs = x[:, :64].to(DEVICE)
+    got = cuda_linear.linear_pair(p, xs, *(t.to(DEVICE) for t in (*w1, *w2)))
+    assert torch.equal(got[0], cuda_linear.linear(p, xs, *(t.to(DEVICE) for t in w1)))
+    assert torch.equal(got[1], cuda_linear.linear(p, xs, *(t.to(DEVICE) for t in w2)))

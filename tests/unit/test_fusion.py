@@ -151,6 +151,35 @@ def test_a_norm_read_elsewhere_is_not_merged_into_its_rope() -> None:
     assert fuse(graph) is graph
 
 
+W8, S8 = TensorType((32, 64), "f8e4m3"), TensorType((1, 2), "e8m0")  # an FP8 weight and its block scales
+FP8 = dict(weight_format="fp8_block32", out_dtype="bf16")
+
+
+def _three_projections(x, w1, s1, w2, s2, w3, s3, dense):  # type: ignore[no-untyped-def]
+    """Three FP8 linears of one activation (the first two pair, the third stays), a dense one of it, and
+    one with other params."""
+    return {
+        "a": op.linear(x, w1, s1, **FP8),
+        "b": op.linear(x, w2, s2, **FP8),
+        "c": op.linear(x, w3, s3, **FP8),
+        "d": op.linear(x, dense, out_dtype="f32"),
+        "e": op.linear(x, w1, s1, weight_format="fp8_block32", out_dtype="f32"),
+    }
+
+
+def test_two_fp8_linears_of_one_activation_become_a_pair() -> None:
+    graph = make_graph(_three_projections, X, W8, S8, W8, S8, W8, S8, TensorType((16, 64), "bf16"))
+    fused = fuse(graph)
+    assert _ops(fused) == ["linear_pair", "linear", "linear", "linear"]
+    pair = fused.eqns[0]
+    assert pair.inputs == graph.inputs[:5] and pair.outputs == (
+        graph.eqns[0].outputs[0],
+        graph.eqns[1].outputs[0],
+    )
+    assert pair.params == graph.eqns[0].params
+    assert deserialize(serialize(fused)) == fused
+
+
 def _same_results(graph, args) -> None:  # type: ignore[no-untyped-def]
     fusing = dataclasses.replace(CPU, fuse=True)
     plain, fused = lower(graph, CPU), lower(graph, fusing)
@@ -172,6 +201,16 @@ def test_the_fused_graphs_compute_the_same_values() -> None:
     _same_results(make_graph(_sublayer_boundary, *HC_TYPES), args)
     args = [(torch.randn(3, 64, generator=gen) * 3).bfloat16(), torch.rand(64, generator=gen).bfloat16()]
     _same_results(make_graph(_kv_row, X, W, POS), [*args, torch.tensor([0, 9, 70000], dtype=torch.int32)])
+    weights = []
+    for _ in range(3):
+        w = torch.randn(32, 64, generator=gen) * 0.1
+        weights += [
+            w.to(torch.float8_e4m3fn),
+            torch.full((1, 2), 127, dtype=torch.uint8).view(torch.float8_e8m0fnu),
+        ]
+    x = (torch.randn(3, 64, generator=gen) * 3).bfloat16()
+    types = (X, W8, S8, W8, S8, W8, S8, TensorType((16, 64), "bf16"))
+    _same_results(make_graph(_three_projections, *types), [x, *weights, torch.randn(16, 64).bfloat16()])
 
 
 def test_the_cuda_platform_fuses_and_the_cpu_platform_does_not() -> None:

@@ -14,7 +14,9 @@ Dense weights (the router gate, the head) run linear_tl.py's kernel: dots in the
 w (FP32 IEEE when they differ), accumulated per 32-column chunk. Dense weights with act_quant fp8_g32 (no
 V4.1 graph uses it) and tensors not on a CUDA device (unless Triton's interpreter is on) fall back to
 the cpu rule. K is cut into ranges (summed apart, then added in order) by the weight's shape alone
-(`k_splits`), the same for every M.
+(`k_splits`), the same for every M. `linear_pair` (two FP8 linears of one activation, ops/fused.py) runs
+both weights' tiles in one GEMM launch where their K splits agree, each output with its own launch's
+bits.
 """
 
 from __future__ import annotations
@@ -175,7 +177,38 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | 
     return out.reshape(*lead, groups, n_size)
 
 
-RULES: dict[str, Any] = {"linear": linear, "grouped_linear": grouped_linear}
+def _one_launch(p: Any, x: Tensor, w1: Tensor, w2: Tensor) -> bool:
+    """Whether linear_pair's two FP8 GEMMs run as one launch: the kernel applies and both weights take
+    the same K splits (each output then gets its own launch's bits)."""
+    if p.weight_format != "fp8_block32" or not _uses_kernel(p, x) or w1.shape[1] != w2.shape[1]:
+        return False
+    return k_splits(1, w1.shape[0], w1.shape[1]) == k_splits(1, w2.shape[0], w2.shape[1])
+
+
+def linear_pair(p: Any, x: Tensor, w1: Tensor, s1: Tensor, w2: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:
+    """Two FP8 linears of one activation (ops/fused.py) in one GEMM launch; else one launch each."""
+    if not _one_launch(p, x, w1, w2):
+        return linear(p, x, w1, s1), linear(p, x, w2, s2)
+    from dsgraph.platform.cuda.kernels import linear_bf16_tl
+
+    lead, k_size = x.shape[:-1], x.shape[-1]
+    x3 = x.reshape(-1, 1, k_size).contiguous()
+    outs = [
+        torch.empty((x3.shape[0], 1, w.shape[0]), dtype=to_torch(p.out_dtype), device=x.device)
+        for w in (w1, w2)
+    ]
+    if x3.shape[0]:
+        weights = tuple(
+            (w.contiguous(), s.contiguous().view(torch.uint8), out)
+            for w, s, out in zip((w1, w2), (s1, s2), outs, strict=True)
+        )
+        splits = k_splits(1, w1.shape[0], k_size)
+        tiles = tiles_for(x3.shape[0])
+        linear_bf16_tl.launch_weights(x3, weights, p.act_quant == "fp8_g32", tiles, splits)
+    return outs[0].reshape(*lead, w1.shape[0]), outs[1].reshape(*lead, w2.shape[0])
+
+
+RULES: dict[str, Any] = {"linear": linear, "grouped_linear": grouped_linear, "linear_pair": linear_pair}
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them): for FP8
 # weights the operand passes of the plain tile, the GEMM and the reduction of its K splits; for dense
 # weights linear_tl's GEMM
@@ -185,4 +218,8 @@ _LINEAR_KERNELS = (
     "linear_bf16_tl.gemm_kernel",
     "linear_tl.linear_kernel",
 )
-KERNELS: dict[str, tuple[str, ...]] = {"linear": _LINEAR_KERNELS, "grouped_linear": _LINEAR_KERNELS}
+KERNELS: dict[str, tuple[str, ...]] = {
+    "linear": _LINEAR_KERNELS,
+    "grouped_linear": _LINEAR_KERNELS,
+    "linear_pair": _LINEAR_KERNELS,
+}

@@ -183,10 +183,11 @@ def _add_sums(total, part, EMU_F32: tl.constexpr) -> tl.tensor:
 @triton.jit
 def gemm_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
-    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    out_stride_m, out_stride_g, out_size, s_stride, w2_ptr, s2_ptr, out2_ptr, part2_ptr, n2_size,
+    out2_size, s2_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
     W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr,
+    WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr, PAIR: tl.constexpr,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT, or G when IN_PROGRAM). x [M, G, K]
     (unit stride along K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out
@@ -197,9 +198,24 @@ def gemm_kernel(
     it ends (the same sums in the same order: the same bits, without partials in memory). SWAPPED
     accumulates out^T tiles. A step of BLOCK_K columns is one dot when both operands are bf16 already,
     else BLOCK_K / 32 chunks (same tensor-core steps, same order), or (WIDE, swapped without split
-    pieces) one load and dequantization of the whole step, then one dot."""
+    pieces) one load and dequantization of the whole step, then one dot. PAIR (one group): a second
+    weight (w2, s2: n2_size rows) read by the same x into its own out2 [M, 1, N2]: the grid's first
+    cdiv(N, BLOCK_N) column tiles are the first weight's, the rest the second's, each tile computed as
+    a launch of its own weight computes it (the same bits, one launch for both)."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PAIR:
+        first_tiles = tl.cdiv(n_size, BLOCK_N)
+        if pid_n >= first_tiles:
+            pid_n -= first_tiles
+            w_ptr, s_ptr, out_ptr, part_ptr = w2_ptr, s2_ptr, out2_ptr, part2_ptr
+            n_size, out_stride_m, out_stride_g, out_size, s_stride = (
+                n2_size,
+                n2_size,
+                n2_size,
+                out2_size,
+                s2_stride,
+            )
     if IN_PROGRAM:
         g, split = pid_gs, 0
     else:
@@ -274,29 +290,43 @@ def launch(
     stages, swapped). Swapped tiles dequantize the weight in registers; the others prepare both operands
     in bf16 first (same values, same dots: the same bits). in_program: the K ranges of a split summed in
     one program (default: for the plain tiles) or by a program each (the bits are the same)."""
+    launch_weights(x, ((w, scale, out),), quantize, tiles, splits, in_program)
+
+
+def launch_weights(
+    x: Tensor, weights: tuple[tuple[Tensor, Tensor, Tensor], ...], quantize: bool, tiles: tuple, splits: int,
+    in_program: bool | None = None,
+) -> None:  # fmt: skip
+    """`launch` for one (w, scale, out), or for two read by the same x [M, 1, K] in one launch (a pair:
+    one group, the same K splits; each out [M, 1, N_i] gets the bits of a launch of its own)."""
     from dsgraph.platform.cuda.kernels.linear_tl import split_buffers
 
     m_size, groups, k_size = x.shape
-    n_size = out.shape[2]
     block_m, block_n, block_k, num_warps, num_stages, swapped, wide = tiles[:7]
     if splits > 1 and k_size % (block_k * splits):
         raise ValueError(f"linear: K = {k_size} is not a multiple of BLOCK_K ({block_k}) x {splits} splits")
+    if len(weights) not in (1, 2) or (len(weights) == 2 and groups != 1):
+        raise ValueError(f"linear: one weight, or a pair over one group; got {len(weights)} over {groups}")
     if quantize:
         # once per call, not in the GEMM: every program would repeat the same rows' codec
         x = qdq_rows(x)
     mode = x_mode(x)
     if not swapped:
-        w = dequant_weight(w, scale)
+        weights = tuple((dequant_weight(w, scale), scale, out) for w, scale, out in weights)
     if in_program is None:
         in_program = sums_in_program(tiles)
     programs = 1 if in_program else splits  # per group along the grid's third axis
-    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * programs)
+    tiles_n = sum(triton.cdiv(out.shape[2], block_n) for _, _, out in weights)
+    grid = (tiles_n, triton.cdiv(m_size, block_m), groups * programs)
+    (w, scale, out), (w2, scale2, out2) = weights[0], weights[-1]
     part, counts = split_buffers(out, programs, grid)
+    part2 = split_buffers(out2, programs, grid)[0] if len(weights) == 2 else part
     gemm_kernel[grid](
-        x, w, scale, out, part, counts, m_size, n_size, x.stride(0), x.stride(1), out.stride(0),
-        out.stride(1), out.numel(), scale.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits,
+        x, w, scale, out, part, counts, m_size, out.shape[2], x.stride(0), x.stride(1), out.stride(0),
+        out.stride(1), out.numel(), scale.stride(0), w2, scale2, out2, part2, out2.shape[2], out2.numel(),
+        scale2.stride(0), K_SIZE=k_size, K_SPLIT=k_size // splits,
         W_FP8=bool(swapped), X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda,
         EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        WIDE=bool(swapped and wide and mode != X_SPLIT), IN_PROGRAM=in_program,
+        WIDE=bool(swapped and wide and mode != X_SPLIT), IN_PROGRAM=in_program, PAIR=len(weights) == 2,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
