@@ -87,9 +87,10 @@ def test_the_draft_pass_is_counted_per_stage() -> None:
     assert greedy["launches"] < full["launches"] - 5 * 100  # ~100 sorting launches per slot gone
     assert greedy["per_op"]["linear"]["equations"] == full["per_op"]["linear"]["equations"]
     # each slot's greedy token is the two-kernel argmax (platform/cuda/kernels/sampling.py), and the whole
-    # pass stays within the 139 launches it took when this was written (1,193 before the draft work)
+    # pass stays within the 129 launches it took when this was written (1,193 before the draft work, 139
+    # before the norm-rope and linear-pair fusions)
     assert greedy["per_op"]["sample"]["launches"] == 2 * 5
-    assert greedy["launches"] <= 139
+    assert greedy["launches"] <= 129
 
 
 def test_the_step_must_be_one_of_the_counted_kinds() -> None:
