@@ -107,6 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--context", type=int, default=8192, help="with --kernels: the decode context length")
     p.add_argument("--json", action="store_true", help="with --kernels: JSON instead of the table")
+    p.add_argument("--by-layer", action="store_true", help="with --kernels: each layer's launches per op too")
     p.add_argument(
         "--diff",
         nargs="+",
@@ -160,6 +161,7 @@ def kernel_census(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "dsgraph.tools.kernel_census", "--step", args.step, "--batch", str(batch)]
     cmd += ["--context", str(args.context), *(["--model", args.model] if args.model else [])]
     cmd += ["--json"] if args.json else []
+    cmd += ["--by-layer"] if args.by_layer else []
     return subprocess.run(cmd, env=child_environ(TRITON_INTERPRET="1"), check=False).returncode
 
 

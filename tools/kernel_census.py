@@ -52,6 +52,7 @@ class Census:
     per_op: dict[str, Counter] = field(default_factory=dict)  # op -> Counter of "triton:k" / "torch:op"
     op_counts: Counter = field(default_factory=Counter)  # op -> equations
     per_layer: Counter = field(default_factory=Counter)  # layer index (str) / embed / head -> launches
+    per_layer_op: dict[str, Counter] = field(default_factory=dict)  # layer -> op -> launches
 
     @property
     def total(self) -> int:
@@ -69,13 +70,14 @@ class Census:
             "layers": self.layers,
             "per_layer_mean": self.layer_mean(),
             "per_layer": dict(self.per_layer),
+            "per_layer_op": {k: dict(c.most_common()) for k, c in self.per_layer_op.items()},
             "per_op": {
                 op: {"equations": self.op_counts[op], "launches": sum(c.values()), "kernels": dict(c)}
                 for op, c in sorted(self.per_op.items(), key=lambda kv: -sum(kv[1].values()))
             },
         }
 
-    def as_text(self) -> str:
+    def as_text(self, by_layer: bool = False) -> str:
         lines = [
             f"{self.program}: {self.total} launches, {self.layer_mean():.1f} per decoder layer "
             f"({self.layers} layers; Triton launches exact, a torch op counted as one kernel)",
@@ -84,6 +86,10 @@ class Census:
         for op, row in self.as_dict()["per_op"].items():
             kernels = ", ".join(f"{k} x{n}" for k, n in sorted(row["kernels"].items(), key=lambda kv: -kv[1]))
             lines.append(f"  {op:<20} {row['equations']:>4} eqns {row['launches']:>5} launches  {kernels}")
+        if by_layer:
+            for layer, ops in self.per_layer_op.items():
+                counts = ", ".join(f"{op} {n}" for op, n in ops.most_common())
+                lines.append(f"  layer {layer} ({self.per_layer[layer]}): {counts}")
         return "\n".join(lines) + "\n"
 
 
@@ -154,6 +160,7 @@ def count_program(program: Any, args: Mapping[str, Any], layers: int) -> Census:
             if got:
                 census.per_op.setdefault(eqn.op, Counter()).update(got)
                 census.per_layer[where] += sum(got.values())
+                census.per_layer_op.setdefault(where, Counter())[eqn.op] += sum(got.values())
     return census
 
 
@@ -238,13 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="decode, draft: requests; prefill: chunk tokens")
     ap.add_argument("--context", type=int, default=8192, help="decode, draft: context length")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--by-layer", action="store_true", help="also each layer's launches per op")
     args = ap.parse_args(argv)
     cfg = _config(args.model)
     if args.step in ("draft", "draft_greedy"):
         result = draft_census(cfg, args.batch, args.context, args.step == "draft_greedy")
     else:
         result = census(cfg, args.step, args.batch, args.context)
-    print(json.dumps(result.as_dict(), indent=1) if args.json else result.as_text(), end="")
+    print(json.dumps(result.as_dict(), indent=1) if args.json else result.as_text(args.by_layer), end="")
     return 0
 
 

@@ -30,6 +30,7 @@ def test_the_totals_add_up(decode: dict) -> None:
     assert decode["layers"] == 8 and set(decode["per_layer"]) >= {str(i) for i in range(8)}
     inner = sum(v for k, v in decode["per_layer"].items() if k not in ("embed", "head"))
     assert decode["per_layer_mean"] == pytest.approx(inner / 8)
+    assert {k: sum(ops.values()) for k, ops in decode["per_layer_op"].items()} == decode["per_layer"]
 
 
 def test_split_sums_take_no_launch_of_their_own(decode: dict) -> None:
