@@ -204,18 +204,16 @@ def gemm_kernel(
     a launch of its own weight computes it (the same bits, one launch for both)."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PAIR:
+    if PAIR:  # selects, not a branch: a launch may pass an int argument of 1, which Triton makes constexpr
         first_tiles = tl.cdiv(n_size, BLOCK_N)
-        if pid_n >= first_tiles:
-            pid_n -= first_tiles
-            w_ptr, s_ptr, out_ptr, part_ptr = w2_ptr, s2_ptr, out2_ptr, part2_ptr
-            n_size, out_stride_m, out_stride_g, out_size, s_stride = (
-                n2_size,
-                n2_size,
-                n2_size,
-                out2_size,
-                s2_stride,
-            )
+        second = pid_n >= first_tiles
+        pid_n = tl.where(second, pid_n - first_tiles, pid_n)
+        w_ptr, s_ptr = tl.where(second, w2_ptr, w_ptr), tl.where(second, s2_ptr, s_ptr)
+        out_ptr, part_ptr = tl.where(second, out2_ptr, out_ptr), tl.where(second, part2_ptr, part_ptr)
+        out_stride_m = tl.where(second, n2_size, out_stride_m)
+        out_stride_g = tl.where(second, n2_size, out_stride_g)
+        out_size, s_stride = tl.where(second, out2_size, out_size), tl.where(second, s2_stride, s_stride)
+        n_size = tl.where(second, n2_size, n_size)
     if IN_PROGRAM:
         g, split = pid_gs, 0
     else:
