@@ -149,7 +149,9 @@ def _heads(
             pieces.update(base=base, logits=logits)
         for name, value in pieces.items():
             outs.setdefault(name, []).append(op.reshape(value, shape=("seqs", 1, *value.shape[1:])))
-        prev = token
+        # a dead row (no finite logit, as a padding row of a capture's warm-up step can be) draws -1; its
+        # later slots are discarded, but their embedding lookup must stay inside the table
+        prev = op.maximum(token, 0)
     result = {name: op.concat(*values, axis=1) for name, values in outs.items()}
     state = op.gather_rows(h if confidence_input == "pre_norm" else normed_rows, rows)  # h_k [seqs, K, H]
     features = op.concat(f.cast(state, "f32"), f.cast(result.pop("e"), "f32"), axis=2)

@@ -167,3 +167,17 @@ def test_greedy_variant_drafts_what_the_full_graph_drafts(parts: tuple[Any, dict
 
 def _fields(r: DraftRequest) -> dict[str, Any]:
     return {f: getattr(r, f) for f in r.__slots__}
+
+
+def test_a_dead_row_drafts_minus_one_in_every_slot(parts: tuple[Any, dict[str, torch.Tensor]]) -> None:
+    """A row with no finite logit (here a NaN Markov head: every row dead) draws -1 in its first slot; the
+    later slots look up embedding row 0 instead of indexing the table with -1 (which raised, and on a GPU
+    is an out-of-bounds read; a capture's all-padding warm-up step met it), and draw -1 again. Greedy
+    variant and full graph, eager, checked."""
+    model, weights = parts
+    last = f"mtp.{model.cfg.text.num_nextn_predict_layers - 1}.markov_head.head.weight"
+    dead = {**weights, last: torch.full_like(weights[last], float("nan"))}
+    s = session((model, dead), capture=False)
+    for variant in (True, False):
+        out = DraftRunner(s, dead, greedy_variant=variant).run(requests(2, 1))
+        assert bool((out.tokens == -1).all()), out.tokens

@@ -88,10 +88,11 @@ def test_the_draft_pass_is_counted_per_stage() -> None:
     assert greedy["launches"] < full["launches"] - 5 * 100  # ~100 sorting launches per slot gone
     assert greedy["per_op"]["linear"]["equations"] == full["per_op"]["linear"]["equations"]
     # each slot's greedy token is the two-kernel argmax (platform/cuda/kernels/sampling.py), and the whole
-    # pass stays within the 129 launches it took when this was written (1,193 before the draft work, 139
-    # before the norm-rope and linear-pair fusions)
+    # pass stays within the 133 launches it took when this was written (1,193 before the draft work, 139
+    # before the norm-rope and linear-pair fusions; 4 of them keep a dead slot's -1 out of the embedding
+    # lookup of the next)
     assert greedy["per_op"]["sample"]["launches"] == 2 * 5
-    assert greedy["launches"] <= 129
+    assert greedy["launches"] <= 133
 
 
 def test_the_step_must_be_one_of_the_counted_kinds() -> None:
