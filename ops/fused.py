@@ -70,9 +70,14 @@ class RMSNormRopeParams(rope.RopeParams):
     eps: float = dataclasses.field(kw_only=True)  # the norm's; the rest are the rope's
 
 
+def params_as(cls: type, p: Any) -> Any:
+    """The fields of `cls` that a fused op's params `p` extend, as a `cls`."""
+    return cls(**{f.name: getattr(p, f.name) for f in dataclasses.fields(cls)})
+
+
 def rope_params(p: RMSNormRopeParams) -> rope.RopeParams:
     """The rope's own params inside an `rms_norm_rope` op's."""
-    return rope.RopeParams(**{f.name: getattr(p, f.name) for f in dataclasses.fields(rope.RopeParams)})
+    return params_as(rope.RopeParams, p)
 
 
 def _norm_rope_rule(p: RMSNormRopeParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -162,8 +167,7 @@ class RMSNormRopeQdqParams(RMSNormRopeParams):
 
 def inner_params(p: Any) -> Any:
     """The producer's own params inside a `<op>_qdq` op's params (its base class)."""
-    base = type(p).__mro__[1]
-    return base(**{f.name: getattr(p, f.name) for f in dataclasses.fields(base)})
+    return params_as(type(p).__mro__[1], p)
 
 
 def qdq_params(p: Any) -> ActQdqParams:

@@ -20,12 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from typing import Any
 
 from dsgraph.graph.ir import Eqn, Graph, Var
 from dsgraph.graph.op import get_op
 from dsgraph.ops.fused import FUSED_QDQ, HcCollapseNormParams, RMSNormRopeParams
 
 __all__ = ["fuse", "fuse_qdq"]
+
+
+def _fields(params: Any) -> dict[str, Any]:
+    """An equation's params as keyword arguments (a fused op's params extend its producers')."""
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
 
 
 def _readers(graph: Graph) -> Counter:
@@ -35,11 +41,16 @@ def _readers(graph: Graph) -> Counter:
     return count
 
 
-def _defined_before(graph: Graph, index: int) -> set[int]:
-    """Ids of the values available before equation `index`: graph inputs and earlier outputs."""
-    ids = {v.id for v in graph.inputs}
-    ids.update(o.id for e in graph.eqns[:index] for o in e.outputs)
-    return ids
+def _defined_at(graph: Graph) -> dict[int, int]:
+    """var id -> the index of the equation that defines it (-1: a graph input)."""
+    at = {v.id: -1 for v in graph.inputs}
+    at.update((o.id, k) for k, e in enumerate(graph.eqns) for o in e.outputs)
+    return at
+
+
+def _ready_at(defined: dict[int, int], eqn: Eqn, index: int) -> bool:
+    """Whether eqn's operands after its first are available before equation `index` (`_defined_at`)."""
+    return all(defined[a.id] < index for a in eqn.inputs[1:] if isinstance(a, Var))
 
 
 def _pairs(graph: Graph, first: str, second: str, operand: int = 0) -> list[tuple[int, int]]:
@@ -63,12 +74,24 @@ def _rewrite(graph: Graph, merged: dict[int, Eqn], dropped: set[int]) -> Graph:
     return dataclasses.replace(graph, eqns=eqns)
 
 
+def _fuse_sole_reader(graph: Graph, first: str, second: str, build: Any, operand: int = 0) -> Graph:
+    """Each `first` equation whose output only a `second` equation reads (as `operand`) merged with it
+    into `build(first_eqn, second_eqn)`, at the second's place."""
+    readers = _readers(graph)
+    merged, dropped = {}, set()
+    for i, j in _pairs(graph, first, second, operand):
+        if readers[graph.eqns[i].outputs[0].id] == 1:
+            merged[j] = build(graph.eqns[i], graph.eqns[j])
+            dropped.add(i)
+    return _rewrite(graph, merged, dropped)
+
+
 def fuse_expand_pre(graph: Graph) -> Graph:
+    defined = _defined_at(graph)
     merged, dropped = {}, set()
     for i, j in _pairs(graph, "hc_expand", "hc_pre"):
         expand, pre = graph.eqns[i], graph.eqns[j]
-        ready = _defined_before(graph, i)
-        if not all(a.id in ready for a in pre.inputs[1:] if isinstance(a, Var)):
+        if not _ready_at(defined, pre, i):
             continue
         outs = (expand.outputs[0], *pre.outputs)
         merged[i] = Eqn("hc_expand_pre", expand.inputs + pre.inputs[1:], outs, pre.params, expand.source)
@@ -76,48 +99,40 @@ def fuse_expand_pre(graph: Graph) -> Graph:
     return _rewrite(graph, merged, dropped)
 
 
+def _collapse_norm(collapse: Eqn, norm: Eqn) -> Eqn:
+    p = HcCollapseNormParams(eps=norm.params.eps, out_dtype=collapse.params.out_dtype)
+    return Eqn("hc_collapse_norm", collapse.inputs + norm.inputs[1:], norm.outputs, p, norm.source)
+
+
 def fuse_collapse_norm(graph: Graph) -> Graph:
-    readers = _readers(graph)
-    merged, dropped = {}, set()
-    for i, j in _pairs(graph, "hc_collapse", "rms_norm"):
-        collapse, norm = graph.eqns[i], graph.eqns[j]
-        if readers[collapse.outputs[0].id] != 1:
-            continue
-        p = HcCollapseNormParams(eps=norm.params.eps, out_dtype=collapse.params.out_dtype)
-        merged[j] = Eqn("hc_collapse_norm", collapse.inputs + norm.inputs[1:], norm.outputs, p, norm.source)
-        dropped.add(i)
-    return _rewrite(graph, merged, dropped)
+    return _fuse_sole_reader(graph, "hc_collapse", "rms_norm", _collapse_norm)
+
+
+def _norm_rope(norm: Eqn, rope: Eqn) -> Eqn:
+    p = RMSNormRopeParams(**_fields(rope.params), eps=norm.params.eps)
+    return Eqn("rms_norm_rope", norm.inputs + rope.inputs[1:], rope.outputs, p, rope.source)
 
 
 def fuse_norm_rope(graph: Graph) -> Graph:
-    readers = _readers(graph)
-    merged, dropped = {}, set()
-    for i, j in _pairs(graph, "rms_norm", "rope"):
-        norm, rope = graph.eqns[i], graph.eqns[j]
-        if readers[norm.outputs[0].id] != 1:
-            continue
-        fields = {f.name: getattr(rope.params, f.name) for f in dataclasses.fields(rope.params)}
-        p = RMSNormRopeParams(**fields, eps=norm.params.eps)
-        merged[j] = Eqn("rms_norm_rope", norm.inputs + rope.inputs[1:], rope.outputs, p, rope.source)
-        dropped.add(i)
-    return _rewrite(graph, merged, dropped)
+    return _fuse_sole_reader(graph, "rms_norm", "rope", _norm_rope)
+
+
+def _encode_write(write: str) -> Any:
+    def build(encode: Eqn, cache_write: Eqn) -> Eqn:
+        inputs = (cache_write.inputs[0], encode.inputs[0], *cache_write.inputs[2:])
+        return Eqn(f"encode_{write}", inputs, cache_write.outputs, encode.params, cache_write.source)
+
+    return build
 
 
 def fuse_encode_write(graph: Graph) -> Graph:
-    readers = _readers(graph)
-    merged, dropped = {}, set()
     for write in ("swa_write", "paged_write"):
-        for i, j in _pairs(graph, "cache_encode", write, operand=1):
-            encode, cache_write = graph.eqns[i], graph.eqns[j]
-            if readers[encode.outputs[0].id] != 1:
-                continue
-            inputs = (cache_write.inputs[0], encode.inputs[0], *cache_write.inputs[2:])
-            merged[j] = Eqn(f"encode_{write}", inputs, cache_write.outputs, encode.params, cache_write.source)
-            dropped.add(i)
-    return _rewrite(graph, merged, dropped)
+        graph = _fuse_sole_reader(graph, "cache_encode", write, _encode_write(write), operand=1)
+    return graph
 
 
 def fuse_linear_pairs(graph: Graph) -> Graph:
+    defined = _defined_at(graph)
     open_pairs: dict[tuple, int] = {}  # (x id, params) -> the equation waiting for its partner
     merged, dropped = {}, set()
     for j, e in enumerate(graph.eqns):
@@ -128,9 +143,9 @@ def fuse_linear_pairs(graph: Graph) -> Graph:
         if i is None:
             open_pairs[key] = j
             continue
-        first = graph.eqns[i]
-        if not all(a.id in _defined_before(graph, i) for a in e.inputs[1:] if isinstance(a, Var)):
+        if not _ready_at(defined, e, i):
             continue
+        first = graph.eqns[i]
         outs = (first.outputs[0], e.outputs[0])
         merged[i] = Eqn("linear_pair", first.inputs + e.inputs[1:], outs, first.params, first.source)
         dropped.add(j)
@@ -139,8 +154,8 @@ def fuse_linear_pairs(graph: Graph) -> Graph:
 
 def _with_qdq(producer: Eqn, qdq: Eqn, raw: bool) -> Eqn:
     name = FUSED_QDQ[producer.op]
-    fields = {f.name: getattr(producer.params, f.name) for f in dataclasses.fields(producer.params)}
-    p = get_op(name).params_type(**fields, qdq_fmt=qdq.params.fmt, qdq_dtype=qdq.params.out_dtype, raw=raw)
+    qdq_fields = dict(qdq_fmt=qdq.params.fmt, qdq_dtype=qdq.params.out_dtype, raw=raw)
+    p = get_op(name).params_type(**_fields(producer.params), **qdq_fields)
     outs = (producer.outputs[0], qdq.outputs[0]) if raw else (qdq.outputs[0],)
     return Eqn(name, producer.inputs, outs, p, producer.source)
 
