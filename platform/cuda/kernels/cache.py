@@ -205,6 +205,12 @@ def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor
     )  # fmt: skip
 
 
+def _outputs(kv: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor]:
+    """compress's latent [T, D] in `out` and closes [T] bool, for its kernels to write."""
+    latent = torch.empty(kv.shape, dtype=out, device=kv.device)
+    return latent, torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+
+
 def _pool(
     state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...], out: torch.dtype
 ) -> tuple[Tensor, ...]:
@@ -213,8 +219,7 @@ def _pool(
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     positions, seq_ids, seq_slot, seq_start = (t.contiguous() for t in operands)
-    latent = torch.empty(kv.shape, dtype=out, device=kv.device)
-    closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+    latent, closes = _outputs(kv, out)
     last = torch.full((max(seq_slot.shape[0], 1),), -1, dtype=torch.int32, device=kv.device)
     width = kv.shape[1]
     K.compress_pool_kernel[(kv.shape[0],)](
@@ -229,8 +234,7 @@ def _rows(kv: Tensor, seq_ids: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor
     """Ratio 1's (latent [T, D] out, closes [T] bool) from the projection kv [T, D] f32 in one launch."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
-    latent = torch.empty(kv.shape, dtype=out, device=kv.device)
-    closes = torch.empty(kv.shape[0], dtype=torch.bool, device=kv.device)
+    latent, closes = _outputs(kv, out)
     if kv.shape[0]:
         width = kv.shape[1]
         K.compress_rows_kernel[(kv.shape[0],)](

@@ -179,10 +179,10 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | 
 
 def _one_launch(p: Any, x: Tensor, w1: Tensor, w2: Tensor) -> bool:
     """Whether linear_pair's two FP8 GEMMs run as one launch: the kernel applies and both weights take
-    the same K splits (each output then gets its own launch's bits)."""
-    if p.weight_format != "fp8_block32" or not _uses_kernel(p, x) or w1.shape[1] != w2.shape[1]:
+    the same K splits (each output then gets its own launch's bits; the op's shape rule gave both x's K)."""
+    if p.weight_format != "fp8_block32" or not _uses_kernel(p, x):
         return False
-    return k_splits(1, w1.shape[0], w1.shape[1]) == k_splits(1, w2.shape[0], w2.shape[1])
+    return k_splits(1, w1.shape[0], x.shape[-1]) == k_splits(1, w2.shape[0], x.shape[-1])
 
 
 def linear_pair(p: Any, x: Tensor, w1: Tensor, s1: Tensor, w2: Tensor, s2: Tensor) -> tuple[Tensor, Tensor]:

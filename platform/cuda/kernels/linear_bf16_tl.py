@@ -210,8 +210,7 @@ def gemm_kernel(
         pid_n = tl.where(second, pid_n - first_tiles, pid_n)
         w_ptr, s_ptr = tl.where(second, w2_ptr, w_ptr), tl.where(second, s2_ptr, s_ptr)
         out_ptr, part_ptr = tl.where(second, out2_ptr, out_ptr), tl.where(second, part2_ptr, part_ptr)
-        out_stride_m = tl.where(second, n2_size, out_stride_m)
-        out_stride_g = tl.where(second, n2_size, out_stride_g)
+        out_stride_m = tl.where(second, n2_size, out_stride_m)  # one group: out_stride_g multiplies 0
         out_size, s_stride = tl.where(second, out2_size, out_size), tl.where(second, s2_stride, s_stride)
         n_size = tl.where(second, n2_size, n_size)
     if IN_PROGRAM:

@@ -131,18 +131,28 @@ def rope(p: Any, x: Tensor, positions: Tensor) -> Tensor:
     return out
 
 
-def rope_qdq(p: Any, x: Tensor, positions: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+def _rope_qdq(p: Any, x: Tensor, plain: Any, launch: Any) -> Tensor | tuple[Tensor, Tensor]:
+    """A rope-ending `_qdq` op: `launch(inner, out, q, raw, qdq)` quantizing in the rope's kernel, or
+    `plain(inner)` (its op) then act_qdq's launch where that kernel does not apply."""
     inner = inner_params(p)
-    applies = _rope_applies(inner, x)
     # the kernel quantizes the passed-through and the rotated columns of a head apart
     widths = (x.shape[-1] - p.rope_dim, p.rope_dim)
-    fused = epilogue(p, tuple(x.shape), x.dtype, x.device, *widths) if applies else None
+    fused = epilogue(p, tuple(x.shape), x.dtype, x.device, *widths) if _rope_applies(inner, x) else None
     if fused is None:
-        return then_qdq(p, rope(inner, x, positions))
+        return then_qdq(p, plain(inner))
     q, qdq = fused
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if p.raw else q
-    _launch_rope(inner, x, positions, out, q, p.raw, qdq)
+    launch(inner, out, q, p.raw, qdq)
     return (out, q) if p.raw else q
+
+
+def rope_qdq(p: Any, x: Tensor, positions: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    return _rope_qdq(
+        p,
+        x,
+        lambda inner: rope(inner, x, positions),
+        lambda inner, *out: _launch_rope(inner, x, positions, *out),
+    )
 
 
 def _launch_norm_rope(
@@ -173,15 +183,12 @@ def rms_norm_rope(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor:
 
 
 def rms_norm_rope_qdq(p: Any, x: Tensor, w: Tensor, positions: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-    inner = inner_params(p)
-    widths = (x.shape[-1] - p.rope_dim, p.rope_dim)
-    fused = epilogue(p, tuple(x.shape), x.dtype, x.device, *widths) if _rope_applies(inner, x) else None
-    if fused is None:
-        return then_qdq(p, rms_norm_rope(inner, x, w, positions))
-    q, qdq = fused
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if p.raw else q
-    _launch_norm_rope(inner, x, w, positions, out, q, p.raw, qdq)
-    return (out, q) if p.raw else q
+    return _rope_qdq(
+        p,
+        x,
+        lambda inner: rms_norm_rope(inner, x, w, positions),
+        lambda inner, *out: _launch_norm_rope(inner, x, w, positions, *out),
+    )
 
 
 RULES: dict[str, Any] = {
