@@ -21,6 +21,7 @@ __all__ = [
     "child_environ",
     "engram_host_min_bytes",
     "native_replay",
+    "pdl",
     "read",
     "set_peer_defaults",
     "set_triton_cache_dir",
@@ -53,6 +54,14 @@ VARS: dict[str, EnvVar] = {
             True,
             "cuda: captured buckets are launched from the C++ runtime in one call per step (0: each "
             "graph replayed from Python; for measuring the difference)",
+        ),
+        EnvVar(
+            "DSGRAPH_PDL",
+            bool,
+            True,
+            "cuda, sm_90 and later: the Triton kernels launch with programmatic dependent launch (a kernel "
+            "starts while the one before it finishes, and prefetches its weights before it waits); 0: plain "
+            "launches, for measuring the difference. Results are the same either way",
         ),
         EnvVar(
             "DSGRAPH_ENGRAM_HOST_MIN_BYTES",
@@ -126,6 +135,10 @@ def side_stream() -> bool:
 
 def native_replay() -> bool:
     return bool(read("DSGRAPH_NATIVE_REPLAY"))
+
+
+def pdl() -> bool:
+    return bool(read("DSGRAPH_PDL"))
 
 
 def engram_host_min_bytes() -> int:

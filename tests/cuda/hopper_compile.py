@@ -51,6 +51,9 @@ def _compile(
 ) -> Any:
     """aligned: the integer arguments a launch passes as multiples of 16; with it, pointers are taken to
     be 16-byte aligned too, as Triton specializes them at launch (vectorized loads show)."""
+    # the launch a GPU of sm_90 makes (platform/cuda/pdl.py): programmatic dependent launch, and the
+    # GEMMs' weight prefetch
+    constexprs = {**{k: True for k in ("PDL", "PREFETCH") if k in fn.arg_names}, **constexprs}
     signature = {**types, **{name: "constexpr" for name in constexprs}}
     options: dict[str, Any] = {"num_warps": num_warps, "enable_fp_fusion": fusion}
     if num_stages is not None:
@@ -69,6 +72,8 @@ def _compile(
             f"{fn.__name__} {constexprs}: needs {kernel.metadata.shared} B of shared memory, "
             f"expected <= {HOPPER_SHARED_BYTES} (an sm_90 block's limit): it would fail at launch"
         )
+    if constexprs.get("PDL") and "griddepcontrol.wait" not in kernel.asm["ptx"]:
+        raise SystemExit(f"{fn.__name__} {constexprs}: PDL on, but no griddepcontrol.wait in its PTX")
     print(f"{fn.__name__}: ok, {kernel.metadata.shared} B shared", flush=True)
     return kernel
 

@@ -32,6 +32,7 @@ from torch import Tensor
 from dsgraph.platform import env
 from dsgraph.platform.cpu import rules_attention, rules_dspark
 from dsgraph.platform.cpu.step_rows import checking, locate_entries, per_row, real_rows, require_in_range
+from dsgraph.platform.cuda import pdl
 
 
 @dataclass(frozen=True)
@@ -169,14 +170,18 @@ def launch(
     if split:
         m = torch.empty(rows, splits, heads, dtype=torch.float32, device=q.device)
         lsum, acc = torch.empty_like(m), m.new_empty(rows, splits, heads, width)
-        K.split_kernel[(*grid, splits)](*tensors, *step, m, lsum, acc, *sizes, scale_log2, **meta)
+        K.split_kernel[(*grid, splits)](
+            *tensors, *step, m, lsum, acc, *sizes, scale_log2, **meta, **pdl.launch()
+        )
         merge_h = min(MERGE_H, max(16, _next_pow2(heads)))
         K.merge_kernel[(rows, -(-heads // merge_h))](
             m, lsum, acc, sink.contiguous(), out, heads,
-            NUM_SPLITS=splits, HEAD_DIM=width, BLOCK_H=merge_h, BLOCK_C=block_c, num_warps=4,
+            NUM_SPLITS=splits, HEAD_DIM=width, BLOCK_H=merge_h, BLOCK_C=block_c, num_warps=4, **pdl.launch(),
         )  # fmt: skip
     else:
-        K.fused_kernel[grid](*tensors, sink.contiguous(), *step, out, *sizes, scale_log2, **meta)
+        K.fused_kernel[grid](
+            *tensors, sink.contiguous(), *step, out, *sizes, scale_log2, **meta, **pdl.launch()
+        )
     return out
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
@@ -271,10 +272,11 @@ def split_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr, DRAFT: tl.constexpr = 0,
+    DOT: tl.constexpr, DRAFT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Decode path, grid (rows, head blocks x 2 halves, splits): a split's m, lsum [T, splits, H] (from the
     even program; the odd one computes the same bits) and acc [.., D] (even half, then odd half)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     split = tl.program_id(2)
     parity = tl.program_id(1) % 2
@@ -307,8 +309,10 @@ def store_out(out_ptr, t, h, hmask, c, cmask, parity, m, lsum, acc, sink_ptr, nu
 def merge_kernel(
     m_ptr, l_ptr, acc_ptr, sink_ptr, out_ptr, num_heads,
     NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Decode path, grid (rows, head blocks): merge the splits in ascending order, then the sink."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c = tl.arange(0, BLOCK_C)
@@ -342,10 +346,11 @@ def fused_kernel(
     num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
-    DOT: tl.constexpr, DRAFT: tl.constexpr = 0,
+    DOT: tl.constexpr, DRAFT: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Prefill path, grid (rows, head blocks x 2 halves): every split of the row in one program, merged
     as it goes."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     parity = tl.program_id(1) % 2
     h, hmask, c, cmask, q_e, q_o = load_q(q_ptr, t, tl.program_id(1) // 2, num_heads, HEAD_DIM, BLOCK_H,

@@ -35,6 +35,7 @@ from dsgraph.platform.cpu.step_rows import (
     require_unique,
     rowwise_linear,
 )
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels import quant_act
 from dsgraph.platform.cuda.kernels.attention import runs_kernels, should_check
 
@@ -84,6 +85,7 @@ def _launch_swa(ring: Tensor, src: Tensor, *step: Tensor, entry_bytes: int, how:
         K.swa_write_kernel[(src.shape[0],)](
             ring, src.contiguous(), positions, seq_ids, seq_slot, seq_end, ring.shape[0], ring.shape[1],
             ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), **how, num_warps=NUM_WARPS,
+            **pdl.launch(),
         )  # fmt: skip
     return ring
 
@@ -124,6 +126,7 @@ def _launch_paged(pool: Tensor, src: Tensor, *step: Tensor, entry_bytes: int, ho
             pool, src.contiguous(), entry_ids, valid.contiguous().view(torch.uint8), seq_ids,
             block_table.contiguous(), pool.shape[0], pool.shape[1], block_table.shape[1],
             ENTRY_BYTES=entry_bytes, BLOCK=_next_pow2(entry_bytes), **how, num_warps=NUM_WARPS,
+            **pdl.launch(),
         )  # fmt: skip
     return pool
 
@@ -201,7 +204,7 @@ def _write_state(state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor
     K.compress_state_kernel[(kv.shape[0],)](
         state, kv.contiguous(), gate.contiguous(), positions.contiguous(), seq_ids.contiguous(),
         seq_slot.contiguous(), last, num_seqs, state.shape[0], ring_len, WIDTH=width,
-        BLOCK=_next_pow2(width), num_warps=NUM_WARPS,
+        BLOCK=_next_pow2(width), num_warps=NUM_WARPS, **pdl.launch(),
     )  # fmt: skip
 
 
@@ -225,7 +228,7 @@ def _pool(
     K.compress_pool_kernel[(kv.shape[0],)](
         latent, closes.view(torch.uint8), last, kv.contiguous(), gate.contiguous(), state, positions, seq_ids,
         seq_slot, seq_start, seq_slot.shape[0], state.shape[0], state.shape[1], WIDTH=width,
-        BLOCK=_next_pow2(width), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        BLOCK=_next_pow2(width), num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
     )  # fmt: skip
     return latent, closes, last
 
@@ -239,7 +242,7 @@ def _rows(kv: Tensor, seq_ids: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor
         width = kv.shape[1]
         K.compress_rows_kernel[(kv.shape[0],)](
             latent, closes.view(torch.uint8), kv.contiguous(), seq_ids.contiguous(), WIDTH=width,
-            BLOCK=_next_pow2(width), num_warps=NUM_WARPS,
+            BLOCK=_next_pow2(width), num_warps=NUM_WARPS, **pdl.launch(),
         )  # fmt: skip
     return latent, closes
 

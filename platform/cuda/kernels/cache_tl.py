@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_act_tl import encode_groups
 from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
@@ -18,10 +19,11 @@ from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 def swa_write_kernel(
     ring_ptr, entries_ptr, pos_ptr, seq_ptr, slot_ptr, end_ptr, num_slots, ring_len,
     ENTRY_BYTES: tl.constexpr, BLOCK: tl.constexpr, ENCODE: tl.constexpr, D: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows,): row t (sequence s, position p) -> ring[seq_slot[s], p % R] when p >= seq_end[s] - R.
     ENCODE (encode_swa_write): entries_ptr holds the values [rows, D], encoded here (`_write_row`)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq = tl.load(seq_ptr + t)
     real = seq >= 0
@@ -39,10 +41,11 @@ def swa_write_kernel(
 def paged_write_kernel(
     pool_ptr, entries_ptr, entry_ptr, valid_ptr, seq_ptr, table_ptr, num_blocks, block_size, table_width,
     ENTRY_BYTES: tl.constexpr, BLOCK: tl.constexpr, ENCODE: tl.constexpr, D: tl.constexpr,
-    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows,): a valid real row's entry g -> pool[block_table[s, g // bs], g % bs]. ENCODE
     (encode_paged_write): entries_ptr holds the values [rows, D], encoded here (`_write_row`)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq = tl.load(seq_ptr + t)
     g = tl.load(entry_ptr + t)
@@ -89,10 +92,12 @@ def compress_state_kernel(
     ring_len,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (rows,): a real row among its sequence's ring_len newest positions (pos > last[seq] - C,
     last: the sequence's newest position in the step) stores (kv[t], gate[t]) f32 at
     state[seq_slot[seq], pos % C] [2, D]; a slot out of range writes nothing."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq_id = tl.load(seq_ptr + t)
     s = tl.minimum(tl.maximum(seq_id, 0), tl.maximum(num_seqs - 1, 0))
@@ -127,6 +132,7 @@ def compress_pool_kernel(
     ring_len,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (rows,): ratio-2 pooling of row t. A real row at an odd position closes its group: its first
     token is the previous row's (kv, gate), or the ring entry of position - 1 when the chunk starts at
@@ -134,6 +140,7 @@ def compress_pool_kernel(
     f64, rounded to f32 (the cpu rule's invariant.softmax), products and sum in f32. Rows that do not
     close write zeros. The ring is only read here (its update is compress_state_kernel's, after, which
     reads last [S] i32: each sequence's newest position, an atomic max over its real rows from -1)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq_id = tl.load(seq_ptr + t)
     s = tl.minimum(tl.maximum(seq_id, 0), tl.maximum(num_seqs - 1, 0))
@@ -168,9 +175,18 @@ def compress_pool_kernel(
 
 
 @triton.jit
-def compress_rows_kernel(latent_ptr, closes_ptr, kv_ptr, seq_ptr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+def compress_rows_kernel(
+    latent_ptr,
+    closes_ptr,
+    kv_ptr,
+    seq_ptr,
+    WIDTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Grid (rows,): ratio 1's outputs from the f32 projection kv: latent = kv rounded to latent's dtype
     on a real row, 0 on a padding row; closes = real."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     real = tl.load(seq_ptr + t) >= 0
     d = tl.arange(0, BLOCK)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import rules_engram
 from dsgraph.platform.cpu.dtypes import constant, to_torch
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels.attention import runs_kernels, should_check
 from dsgraph.platform.cuda.kernels.mhc import next_pow2, triton_cdiv, triton_dtype
 
@@ -75,6 +76,7 @@ def gather_dequant_rows(p: Any, table: Tensor, scale: Tensor, rows: Tensor) -> T
             table.contiguous().view(torch.uint8), scale.contiguous().view(torch.uint8), flat,
             out.view(torch.int16) if bf16 else out, num_rows,
             D=width, BLOCK_D=block, OUT=K.tl.int16 if bf16 else triton_dtype(out_dtype), num_warps=NUM_WARPS,
+            **pdl.launch(),
         )  # fmt: skip
     return out.reshape(*rows.shape, width)
 
@@ -107,7 +109,7 @@ def engram_hash(
         K.engram_hash_kernel[(tokens,)](
             *(a.contiguous() for a in args), primes, offsets, multipliers, out,
             seq_start.shape[0], token_map.shape[0], int(p.pad_id), int(p.image_token_id),
-            M=p.max_ngram, HEADS=heads, BLOCK_H=next_pow2(heads), num_warps=1,
+            M=p.max_ngram, HEADS=heads, BLOCK_H=next_pow2(heads), num_warps=1, **pdl.launch(),
         )  # fmt: skip
     return out
 
@@ -124,7 +126,7 @@ def engram_gate(p: Any, x: Tensor, kv: Tensor, qw: Tensor, kw: Tensor, token_ids
             x.contiguous(), kv.contiguous(), qw.contiguous(), kw.contiguous(), token_ids.contiguous(), out,
             float(p.eps), float(hidden**-0.5), int(p.image_token_id), N=streams, H=hidden,
             BLOCK=min(GATE_BLOCK, next_pow2(hidden)), OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS,
-            enable_fp_fusion=False,
+            enable_fp_fusion=False, **pdl.launch(),
         )  # fmt: skip
     return out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32, round_f32_to
 
 
@@ -38,10 +39,11 @@ def e4m3_bits_to_f32(byte: tl.tensor) -> tl.tensor:
 @triton.jit
 def gather_dequant_rows_kernel(
     table_ptr, scale_ptr, rows_ptr, out_ptr, num_table_rows,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, OUT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (row ids, cdiv(D, BLOCK_D)): out[n, c] = e4m3(table[rows[n], c]) * 2^(scale[rows[n], c/32]-127).
     A row id outside [0, R) reads nothing and gives 0 (the rule checks ids first unless unchecked)."""
+    pdl_tl.enter(PDL)
     n = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row = tl.load(rows_ptr + n).to(tl.int64)
@@ -62,9 +64,10 @@ def gather_dequant_rows_kernel(
 def engram_hash_kernel(
     tok_ptr, pos_ptr, seq_ptr, start_ptr, look_ptr, map_ptr, primes_ptr, offsets_ptr, mult_ptr, out_ptr,
     num_seqs, vocab, pad_id, image_id,
-    M: tl.constexpr, HEADS: tl.constexpr, BLOCK_H: tl.constexpr,
+    M: tl.constexpr, HEADS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tokens,): out[t, (n-2)*HEADS + j] for orders n = 2..M (the op's doc); 0 for padding rows."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq = tl.load(seq_ptr + t)
     real = seq >= 0
@@ -100,12 +103,13 @@ __all__ = ["e4m3_bits_to_f32", "engram_hash_kernel", "gather_dequant_rows_kernel
 @triton.jit
 def engram_gate_kernel(
     x_ptr, kv_ptr, qw_ptr, kw_ptr, tok_ptr, out_ptr, eps, inv_sqrt_h, image_token_id,
-    N: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr,
+    N: tl.constexpr, H: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tokens, N): stream m of token t, in the cpu rule's f32 arithmetic. Pass 1 sums x^2, K^2 and
     x * (qw * kw) * K over H in fixed BLOCK tiles (batch invariant); d = dot * (r_x * r_k) * H^-0.5 with
     r = 1/sqrt(mean + eps) (IEEE sqrt and division), g = sigmoid(copysign(sqrt(max(|d|, 1e-6)), d)) in
     f64 rounded to f32, 0 for padding and image tokens. Pass 2: out = x + g * v, one cast."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1)
     x_row = (t * N + m) * H

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import rules_attention
 from dsgraph.platform.cpu.step_rows import real_rows
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels.attention import dot_kind, runs_kernels, should_check
 
 BLOCK_E = 64  # entries per program
@@ -65,6 +66,7 @@ def index_scores(
     K.index_scores_kernel[grid](
         *(t.contiguous() for t in tensors), out, *sizes, HEAD_DIM=width, BLOCK_H=max(16, _next_pow2(heads)),
         BLOCK_D=_next_pow2(width), BLOCK_E=BLOCK_E, DOT=dot_kind(q.dtype), num_warps=NUM_WARPS,
+        **pdl.launch(),
     )  # fmt: skip
     return out
 
@@ -92,7 +94,9 @@ def topk_select(p: Any, scores: Tensor) -> Tensor:
         return torch.full((rows, p.k), -1, dtype=torch.int32, device=scores.device)
     out = torch.empty(rows, p.k, dtype=torch.int32, device=scores.device)  # every place is written
     block, _, warps = _select_tiles(width)
-    K.topk_select_kernel[(rows,)](scores.float().contiguous(), out, width, p.k, BLOCK=block, num_warps=warps)
+    K.topk_select_kernel[(rows,)](
+        scores.float().contiguous(), out, width, p.k, BLOCK=block, num_warps=warps, **pdl.launch()
+    )
     return out
 
 
@@ -111,8 +115,10 @@ def _candidate_mask(p: Any, scores: Tensor) -> Tensor:
     block, block_s, warps = _select_tiles(width, p.block_size)
     sizes = (width, num_blocks, p.block_size)
     tiles = dict(BLOCK=block, BLOCK_S=block_s, num_warps=warps)
-    K.block_scores_kernel[(rows,)](scores, blocks, *sizes, **tiles)
-    K.block_mask_kernel[(rows,)](blocks, scores, out.view(torch.uint8), *sizes, p.topk_blocks, **tiles)
+    K.block_scores_kernel[(rows,)](scores, blocks, *sizes, **tiles, **pdl.launch())
+    K.block_mask_kernel[(rows,)](
+        blocks, scores, out.view(torch.uint8), *sizes, p.topk_blocks, **tiles, **pdl.launch()
+    )
     return out
 
 

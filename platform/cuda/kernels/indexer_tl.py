@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.attention_tl import e2m1_to_f32, low_dot
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
 
@@ -44,8 +45,10 @@ def index_scores_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_E: tl.constexpr,
     DOT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (rows, cdiv(nb * bs, BLOCK_E)): scores [T, nb * bs] f32 of entries eb*BLOCK_E .. of row t."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0)
     num_entries = table_width * block_size
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)

@@ -35,6 +35,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda import pdl
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.linear_tl import store_tile
 from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
 
@@ -44,8 +46,11 @@ DEQUANT_BLOCK = 64  # weight rows and columns per program of dequant_weight_kern
 
 
 @triton.jit
-def dequant_weight_kernel(w_ptr, s_ptr, out_ptr, rows_size, k_size, s_stride, BLOCK: tl.constexpr) -> None:
+def dequant_weight_kernel(
+    w_ptr, s_ptr, out_ptr, rows_size, k_size, s_stride, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+) -> None:
     """Grid (cdiv(R, BLOCK), cdiv(K, BLOCK)): W [R, K] E4M3 with UE8M0 32x32 scales -> bf16 [R, K]."""
+    pdl_tl.enter(PDL)
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (r[:, None] < rows_size) & (c[None, :] < k_size)
@@ -187,7 +192,8 @@ def gemm_kernel(
     out2_size, s2_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
     W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr, PAIR: tl.constexpr,
+    WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT, or G when IN_PROGRAM). x [M, G, K]
     (unit stride along K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out
@@ -201,7 +207,8 @@ def gemm_kernel(
     pieces) one load and dequantization of the whole step, then one dot. PAIR (one group): a second
     weight (w2, s2: n2_size rows) read by the same x into its own out2 [M, 1, N2]: the grid's first
     cdiv(N, BLOCK_N) column tiles are the first weight's, the rest the second's, each tile computed as
-    a launch of its own weight computes it (the same bits, one launch for both)."""
+    a launch of its own weight computes it (the same bits, one launch for both). PDL: waits for the
+    previous kernel itself (pdl_tl.enter), after PREFETCH has asked L2 for the program's weight bytes."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PAIR:  # selects, not a branch: a launch may pass an int argument of 1, which Triton makes constexpr
@@ -221,6 +228,11 @@ def gemm_kernel(
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = rows < m_size, n < n_size
     w_rows = (g * n_size + n).to(tl.int64)
+    if PREFETCH:  # the weight is no kernel's output: its bytes may come before the wait
+        last_row = (g * n_size + n_size - 1).to(tl.int64)
+        starts = w_ptr + tl.minimum(w_rows, last_row) * K_SIZE + split * K_SPLIT
+        pdl_tl.prefetch_l2(starts, tl.full((BLOCK_N,), K_SPLIT, tl.int32))
+    pdl_tl.enter(PDL)
     x_base = x_ptr + g * x_stride_g + rows[:, None] * x_stride_m
     if SWAPPED:
         zeros = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -256,7 +268,9 @@ def dequant_weight(w: Tensor, scale: Tensor) -> Tensor:
     """E4M3 W [R, K] and its UE8M0 bytes [ceil(R/32), ceil(K/32)] -> bf16 [R, K] (exact values)."""
     out = torch.empty(w.shape, dtype=torch.bfloat16, device=w.device)
     grid = (triton.cdiv(w.shape[0], DEQUANT_BLOCK), triton.cdiv(w.shape[1], DEQUANT_BLOCK))
-    dequant_weight_kernel[grid](w, scale, out, w.shape[0], w.shape[1], scale.stride(0), BLOCK=DEQUANT_BLOCK)
+    dequant_weight_kernel[grid](
+        w, scale, out, w.shape[0], w.shape[1], scale.stride(0), BLOCK=DEQUANT_BLOCK, **pdl.launch()
+    )
     return out
 
 
@@ -318,6 +332,7 @@ def launch_weights(
     (w, scale, out), (w2, scale2, out2) = weights[0], weights[-1]
     part, counts = split_buffers(out, programs, grid)
     part2 = split_buffers(out2, programs, grid)[0] if len(weights) == 2 else part
+    pdl_args = pdl.launch()
     gemm_kernel[grid](
         x, w, scale, out, part, counts, m_size, out.shape[2], x.stride(0), x.stride(1), out.stride(0),
         out.stride(1), out.numel(), scale.stride(0), w2, scale2, out2, part2, out2.shape[2], out2.numel(),
@@ -325,5 +340,12 @@ def launch_weights(
         W_FP8=bool(swapped), X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda,
         EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         WIDE=bool(swapped and wide and mode != X_SPLIT), IN_PROGRAM=in_program, PAIR=len(weights) == 2,
-        num_warps=num_warps, num_stages=num_stages,
+        PREFETCH=bool(pdl_args) and swapped and _prefetchable(k_size // splits, weights),
+        num_warps=num_warps, num_stages=num_stages, **pdl_args,
     )  # fmt: skip
+
+
+def _prefetchable(k_split: int, weights: tuple[tuple[Tensor, Tensor, Tensor], ...]) -> bool:
+    """Whether each program's weight rows can be prefetched by bulk copies: 16-byte aligned starts and
+    sizes (E4M3: a byte per column)."""
+    return k_split % 16 == 0 and all(w.data_ptr() % 16 == 0 and w.shape[1] % 16 == 0 for w, _, _ in weights)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from dsgraph.platform.cpu import rules_fused, rules_mhc
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.arrival_counts import arrival_counts
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 
@@ -66,7 +67,7 @@ def _launch_pre(
             scale.contiguous(), pre, post, comb, float(p.eps), float(p.norm_eps), y, old, post_in, comb_in,
             K=width, R=mixes, RP=padded, SPLIT=SPLIT, BLOCK_K=BLOCK_K, N=n, NP=next_pow2(n),
             ITERS=p.sinkhorn_iters, EXPAND=expand is not None, OUT=triton_dtype(x.dtype),
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
+            num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
         )  # fmt: skip
     return pre, post, comb
 
@@ -99,7 +100,7 @@ def hc_collapse(p: Any, x: Tensor, a: Tensor) -> Tensor:
         grid = (tokens, triton_cdiv(hidden, BLOCK_H))
         K.hc_collapse_kernel[grid](
             x.contiguous(), a.contiguous(), out, hidden, N=n, BLOCK=BLOCK_H, OUT=triton_dtype(out_dtype),
-            num_warps=NUM_WARPS, enable_fp_fusion=False,
+            num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
         )  # fmt: skip
     return out
 
@@ -116,6 +117,7 @@ def hc_expand(p: Any, y: Tensor, x: Tensor, post: Tensor, comb: Tensor) -> Tenso
         K.hc_expand_kernel[grid](
             y.contiguous(), x.contiguous(), post.contiguous(), comb.contiguous(), out, hidden, N=n,
             BLOCK=BLOCK_H, OUT=triton_dtype(x.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **pdl.launch(),
         )  # fmt: skip
     return out
 

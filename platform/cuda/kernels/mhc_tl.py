@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
 
@@ -77,6 +78,7 @@ def hc_pre_kernel(
     y_ptr, old_ptr, post_in_ptr, comb_in_ptr,
     K: tl.constexpr, R: tl.constexpr, RP: tl.constexpr, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr,
     N: tl.constexpr, NP: tl.constexpr, ITERS: tl.constexpr, EXPAND: tl.constexpr, OUT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tokens, S = cdiv(K, SPLIT)): the R fn-row dots and the sum of squares of one SPLIT-column
     slice of row t, into part[t, s, 0:R] and part[t, s, R] (BLOCK_K tiles, a tree sum per slice: fixed
@@ -85,6 +87,7 @@ def hc_pre_kernel(
     launch over the partials would add, in the same order, in one launch. EXPAND (hc_expand_pre): the
     slice's streams are first computed as hc_expand_kernel computes them, from y, the old streams and
     their post / comb, and written to x (in OUT)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     rows = tl.arange(0, RP)
@@ -183,8 +186,18 @@ def _finish_row(
 
 
 @triton.jit
-def hc_collapse_kernel(x_ptr, a_ptr, out_ptr, H, N: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
+def hc_collapse_kernel(
+    x_ptr,
+    a_ptr,
+    out_ptr,
+    H,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    OUT: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     """Grid (tokens, cdiv(H, BLOCK)): out[t, h] = sum_i a[t, i] * x[t, i, h], products rounded, i in order."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = h < H
@@ -198,9 +211,19 @@ def hc_collapse_kernel(x_ptr, a_ptr, out_ptr, H, N: tl.constexpr, BLOCK: tl.cons
 
 @triton.jit
 def hc_expand_kernel(
-    y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, H, N: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr
+    y_ptr,
+    x_ptr,
+    post_ptr,
+    comb_ptr,
+    out_ptr,
+    H,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    OUT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Grid (tokens, cdiv(H, BLOCK)): out[t, j] = post_j * y + sum_i comb[i, j] * x_i (i in order)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = h < H

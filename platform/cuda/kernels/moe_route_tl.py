@@ -13,6 +13,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda import pdl
+from dsgraph.platform.cuda.kernels import pdl_tl
+
 
 @triton.jit
 def _softplus_f64(x):
@@ -38,7 +41,9 @@ def route_select_kernel(
     TOPK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     real = e < num_experts
@@ -76,5 +81,5 @@ def launch_route_select(
     route_select_kernel[(rows,)](
         logits, bias, row_stride, weights, ids, num_experts, float(routed_scaling), float(eps),
         TOPK=topk, BLOCK_K=triton.next_power_of_2(topk), BLOCK_E=triton.next_power_of_2(num_experts),
-        num_warps=4,
+        num_warps=4, **pdl.launch(),
     )  # fmt: skip

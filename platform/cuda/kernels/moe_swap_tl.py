@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda import pdl
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_grid, round_f32_to, swiglu_f32
 
 
@@ -319,9 +321,11 @@ def swap_gemm_kernel(
     ASM: tl.constexpr = False,
     ONE: tl.constexpr = False,
     TOKENS: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ) -> None:
     """Program (weight-row tile, row tile): out[r, n] for the tile's sorted rows r and weight rows n.
     GATED: A row token[r] of a (x), two weights (w1, w3); else row r of a (the w2 input), one weight."""
+    pdl_tl.enter(PDL)
     tile = tl.program_id(1)
     e = tl.load(tile_expert_ptr + tile)
     if e < num_experts:
@@ -364,8 +368,11 @@ def swap_gemm_kernel(
 
 
 @triton.jit
-def qdq_rows_kernel(x_ptr, out_ptr, num_rows, width, BLOCK_R: tl.constexpr) -> None:
+def qdq_rows_kernel(
+    x_ptr, out_ptr, num_rows, width, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False
+) -> None:
     """out = fp8_g32_qdq(x) (FP32 math, exact in out's BF16): grid (row blocks, 32-column groups)."""
+    pdl_tl.enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
     cols = tl.program_id(1) * 32 + tl.arange(0, 32)
     mask = rows[:, None] < num_rows
@@ -384,7 +391,7 @@ def launch_qdq_rows(x: Tensor, out: Tensor) -> None:
     rows, width = x.shape
     block_r = 32
     qdq_rows_kernel[(triton.cdiv(rows, block_r), width // 32)](
-        x, out, rows, width, BLOCK_R=block_r, num_warps=4
+        x, out, rows, width, BLOCK_R=block_r, num_warps=4, **pdl.launch()
     )
 
 
@@ -429,4 +436,5 @@ def launch_swap_gemm(
         GATED=v is not None,
         EVEN=n_size % config["BLOCK_W"] == 0 and k_size % config["BLOCK_K"] == 0,
         **config,
+        **pdl.launch(),
     )

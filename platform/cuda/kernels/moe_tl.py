@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda import pdl
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.linear_tl import chunk_dot
 from dsgraph.platform.cuda.kernels.quant_act_tl import qdq_tile
 from dsgraph.platform.cuda.kernels.quant_tl import e2m1_to_e4m3, e8m0_to_f32, round_f32_to, swiglu_f32
@@ -77,9 +79,11 @@ def expert_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GATHER: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
     """out[r, n] for the sorted rows r of one tile: A row a_rows[r] (GATHER, else row r), expert weights
     [E, N, K(/2)]."""
+    pdl_tl.enter(PDL)
     tile = tl.program_id(1)
     e = tl.load(tile_expert_ptr + tile)
     if e < num_experts:
@@ -122,11 +126,12 @@ def expert_gemm_kernel(
 @triton.jit
 def swiglu_kernel(
     g_ptr, v_ptr, out_ptr, q_ptr, size, limit, BLOCK: tl.constexpr, OUT: tl.constexpr, RAW: tl.constexpr,
-    QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+    QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr, PDL: tl.constexpr = False,
 ) -> None:  # fmt: skip
     """silu(min(g, limit)) * clamp(v, -limit, limit), silu in f64 (platform/cpu/rules_moe.swiglu_f32),
     rounded to OUT, stored when RAW. QDQ >= 0 (swiglu_qdq): q = act_qdq of that result, format QDQ, cast
     to QOUT (each run of GROUP elements one group: a row's width is a multiple of GROUP, so is BLOCK)."""
+    pdl_tl.enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < size
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -176,6 +181,7 @@ def launch_expert_gemm(
         GATED=v is not None,
         GATHER=a_rows is not None,
         **config,
+        **pdl.launch(),
     )
 
 
@@ -187,7 +193,8 @@ def launch_swiglu(
 ) -> None:  # fmt: skip
     size = g.numel()
     swiglu_kernel[(triton.cdiv(size, SWIGLU_BLOCK),)](
-        g, v, out, q, size, limit, BLOCK=SWIGLU_BLOCK, OUT=out_dtype, RAW=raw, **qdq, num_warps=4
+        g, v, out, q, size, limit, BLOCK=SWIGLU_BLOCK, OUT=out_dtype, RAW=raw, **qdq, num_warps=4,
+        **pdl.launch()
     )  # fmt: skip
 
 
@@ -228,6 +235,7 @@ def plan_kernel(
     E_PAD: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
     """One program: a stable counting sort of the (row, slot) pairs by expert, and the tile table.
 
@@ -238,6 +246,7 @@ def plan_kernel(
     and route[d] (its routing weight in FP32); position[pair] = d. Pass 3 writes the tiles (expert, first
     row, end row): ceil(count / BLOCK_M) per expert in increasing id, then (num_experts, 0, 0) up to
     num_tiles. Cost: passes over P / BLOCK_P blocks and max tiles per expert; no P^2 or E x tiles term."""
+    pdl_tl.enter(PDL)
     bins = tl.arange(0, E_PAD)
     lane = tl.arange(0, BLOCK_P)
     counts = tl.zeros((E_PAD,), dtype=tl.int32)
@@ -299,9 +308,11 @@ def combine_kernel(
     TOPK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
     """out[row] = ((0 + y[first]) + y[second]) + ... in FP32 over the row's real pairs in increasing
     expert id (equal ids by slot), y[d] the output of sorted place d = position[pair]; rounded once."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_mask = cols < hidden
@@ -350,6 +361,7 @@ def launch_plan(ids: Tensor, weights: Tensor, num_experts: int, block_m: int, ou
         BLOCK_P=PLAN_BLOCK_P,
         BLOCK_T=PLAN_BLOCK_T,
         num_warps=PLAN_WARPS,
+        **pdl.launch(),
     )
 
 
@@ -362,5 +374,5 @@ def launch_combine(y: Tensor, ids: Tensor, position: Tensor, num_experts: int, o
     grid = (rows, triton.cdiv(hidden, block_h))
     combine_kernel[grid](
         y, ids, position, out, num_experts, hidden,
-        TOPK=topk, BLOCK_K=triton.next_power_of_2(topk), BLOCK_H=block_h, num_warps=4,
+        TOPK=topk, BLOCK_K=triton.next_power_of_2(topk), BLOCK_H=block_h, num_warps=4, **pdl.launch(),
     )  # fmt: skip

@@ -26,6 +26,7 @@ from dsgraph.ops.fused import inner_params, rope_params
 from dsgraph.ops.nn import RMSNormParams
 from dsgraph.platform.cpu import rules_core, rules_fused, rules_rope
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 from dsgraph.platform.cuda.kernels.mhc import next_pow2, triton_cdiv, triton_dtype
 from dsgraph.platform.cuda.kernels.quant_act import epilogue, no_epilogue, then_qdq
@@ -61,7 +62,7 @@ def _launch_norm(
         K.rms_norm_kernel[(rows,)](
             x.contiguous(), x if a is None else a.contiguous(), w.contiguous(), out, q, float(eps), D=width,
             N=streams, BLOCK=min(NORM_BLOCK, next_pow2(width)), OUT=triton_dtype(out.dtype), RAW=raw,
-            **qdq, num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **qdq, num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
         )  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def _launch_rope(p: Any, x: Tensor, positions: Tensor, out: Tensor, q: Tensor, r
             D=width, ROPE=p.rope_dim, INVERSE=bool(p.inverse), BLOCK_H=ROPE_BLOCK_H,
             BLOCK_D=next_pow2(max(width - p.rope_dim, 1)), BLOCK_P=next_pow2(max(p.rope_dim // 2, 1)),
             OUT=triton_dtype(x.dtype), RAW=raw, **qdq, num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **pdl.launch(),
         )  # fmt: skip
 
 
@@ -169,6 +171,7 @@ def _launch_norm_rope(
             out, q, float(p.eps), rows // tokens, D=width, ROPE=p.rope_dim, INVERSE=bool(p.inverse),
             BLOCK=min(NORM_BLOCK, next_pow2(width)), BLOCK_P=next_pow2(max(p.rope_dim // 2, 1)),
             OUT=triton_dtype(x.dtype), RAW=raw, **qdq, num_warps=NUM_WARPS, enable_fp_fusion=False,
+            **pdl.launch(),
         )  # fmt: skip
 
 

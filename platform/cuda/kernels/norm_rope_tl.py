@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_act_tl import qdq_tile
 from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
@@ -54,11 +55,13 @@ def _inv_rms(x_ptr, a_ptr, t, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.c
 def rms_norm_kernel(
     x_ptr, a_ptr, w_ptr, out_ptr, q_ptr, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr,
     OUT: tl.constexpr, RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows,): out[r] = w * (x[r] * 1/sqrt(mean(x[r]^2) + eps)), cast to OUT (stored when RAW),
     x[r] the row or (N > 0) the collapse of its N streams (`_norm_input`, recomputed in the second pass:
     the same bits). QDQ >= 0 (the `_qdq` ops): q[r] = act_qdq of the output, format QDQ (quant_act_tl),
     cast to QOUT."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     r = _inv_rms(x_ptr, a_ptr, t, eps, D, N, BLOCK, OUT)
@@ -79,12 +82,13 @@ def rope_kernel(
     x_ptr, pos_ptr, freq_ptr, out_ptr, q_ptr, heads,
     D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, OUT: tl.constexpr,
-    RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+    RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tokens, cdiv(heads, BLOCK_H)): x [tokens, heads, D]; the last ROPE columns rotate in pairs;
     stored when RAW. QDQ >= 0 (rope_qdq): q = act_qdq of the result per head row, format QDQ, cast to
     QOUT; D - ROPE and ROPE are multiples of GROUP then, and BLOCK_P is ROPE / 2 or a multiple of
     GROUP / 2 (no group mixes the two parts, or a pair past ROPE with one before it)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     base = (t * heads + h.to(tl.int64)) * D
@@ -133,12 +137,14 @@ def norm_rope_kernel(
     x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, q_ptr, eps, heads,
     D: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
     OUT: tl.constexpr, RAW: tl.constexpr, QDQ: tl.constexpr, GROUP: tl.constexpr, QOUT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows,), a row = one head of a token (token = row // heads): rms_norm_kernel's factor and
     output, then rope_kernel's rotation of the last ROPE columns, whose inputs are the norm's outputs as
     rms_norm_kernel stores them (the same arithmetic, so the bits of the two launches, with no round
     trip through memory). Stored when RAW; QDQ >= 0 quantizes as rope_kernel does (the passed-through
     and the rotated columns apart)."""
+    pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     r = _inv_rms(x_ptr, x_ptr, t, eps, D, 0, BLOCK, OUT)
     c = tl.arange(0, BLOCK)

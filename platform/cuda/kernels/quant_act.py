@@ -16,6 +16,7 @@ from torch import Tensor
 from dsgraph.ops.quant import GROUP_SIZES, SAME_DTYPE, entry_bytes
 from dsgraph.platform.cpu import rules_fused, rules_quant
 from dsgraph.platform.cpu.dtypes import to_torch
+from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels.attention import runs_kernels
 from dsgraph.platform.cuda.kernels.mhc import triton_cdiv, triton_dtype
 
@@ -46,7 +47,7 @@ def act_qdq(p: Any, x: Tensor) -> Tensor:
     out = torch.empty(x.shape, dtype=rules_quant.qdq_dtype(p, x), device=x.device)
     K.qdq_kernel[(rows, triton_cdiv(width // group, BLOCK_G))](
         x.contiguous(), out, D=width, FMT=FORMATS[p.fmt], GROUP=group, BLOCK_G=BLOCK_G,
-        OUT=triton_dtype(out.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        OUT=triton_dtype(out.dtype), num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
     )  # fmt: skip
     return out
 
@@ -62,7 +63,7 @@ def cache_encode(p: Any, x: Tensor) -> Tensor:
     out = torch.empty((*x.shape[:-1], size), dtype=torch.uint8, device=x.device)
     K.encode_kernel[(rows, triton_cdiv(width // group, BLOCK_G))](
         x.contiguous(), out, D=width, ENTRY=size, FMT=FORMATS[p.fmt], GROUP=group, BLOCK_G=BLOCK_G,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
+        num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
     )  # fmt: skip
     return out
 

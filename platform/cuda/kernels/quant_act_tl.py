@@ -17,6 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import (
     e4m3_grid,
     fp8_g32_grid,
@@ -76,9 +77,10 @@ def _normalize(x: tl.tensor, scale: tl.tensor, factor: tl.tensor, FMT: tl.conste
 @triton.jit
 def qdq_kernel(
     x_ptr, out_ptr, D: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    OUT: tl.constexpr,
+    OUT: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows, cdiv(D / GROUP, BLOCK_G)): out = dequantize(quantize(x)) in FP32, cast once to OUT."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64) * D
     g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
@@ -111,9 +113,10 @@ def qdq_tile(y: tl.tensor, FMT: tl.constexpr, GROUP: tl.constexpr, OUT: tl.const
 @triton.jit
 def encode_kernel(
     x_ptr, out_ptr, D: tl.constexpr, ENTRY: tl.constexpr, FMT: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
+    BLOCK_G: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows, cdiv(D / GROUP, BLOCK_G)): x [rows, D] -> entries [rows, ENTRY] uint8 (cache_format)."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
     encode_groups(x_ptr + row * D, out_ptr + row * ENTRY, g, g < D // GROUP, D, FMT, GROUP)

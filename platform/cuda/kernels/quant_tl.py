@@ -23,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
+
 E4M3_MAX = 448.0
 FP8_AMAX_FLOOR = 1e-4
 
@@ -99,8 +101,11 @@ def fp8_g32_quantize(x: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
 
 
 @triton.jit
-def fp8_g32_quantize_kernel(x_ptr, q_ptr, s_ptr, num_rows, width, BLOCK_M: tl.constexpr) -> None:
+def fp8_g32_quantize_kernel(
+    x_ptr, q_ptr, s_ptr, num_rows, width, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False
+) -> None:
     """Test entry: quantize a [num_rows, width] FP32 matrix in 32-column groups (grid: row blocks, groups)."""
+    pdl_tl.enter(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * 32 + tl.arange(0, 32)
     mask = rows[:, None] < num_rows

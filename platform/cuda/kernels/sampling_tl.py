@@ -14,17 +14,21 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from dsgraph.platform.cuda import pdl
+from dsgraph.platform.cuda.kernels import pdl_tl
+
 NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
 def argmax_split_kernel(
     logits_ptr, allowed_ptr, val_ptr, idx_ptr, nan_ptr, alive_ptr, vocab, words, splits,
-    HAS_MASK: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_MASK: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ) -> None:  # fmt: skip
     """Grid (rows, splits): piece `split` of row `row`: its largest non-NaN logit, the first id holding it,
     its first NaN id (vocab if none) and whether any logit is above -inf; the allowed-token bitmask (bit
     t % 32 of word t // 32) masks the others to -inf first, as the cpu rule's masked_fill does."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     offs = split * CHUNK + tl.arange(0, CHUNK)
@@ -46,11 +50,12 @@ def argmax_split_kernel(
 @triton.jit
 def argmax_merge_kernel(
     val_ptr, idx_ptr, nan_ptr, alive_ptr, token_ptr, logprob_ptr, top_lp_ptr, top_ids_ptr,
-    vocab, splits, k, SPLITS: tl.constexpr, K: tl.constexpr,
+    vocab, splits, k, SPLITS: tl.constexpr, K: tl.constexpr, PDL: tl.constexpr = False,
 ) -> None:  # fmt: skip
     """Grid (rows,): the row's token from its pieces (the largest value, on ties the lowest id; any NaN
     wins, the first one; -1 when no piece has a logit above -inf) and the outputs "greedy_token" does not
     compute: logprob and top_logprobs NaN, top_ids -1."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SPLITS)
     inside = s < splits
@@ -78,10 +83,20 @@ def launch_greedy_token(
     words = allowed.shape[1] if allowed is not None else 0
     mask = allowed if allowed is not None else logits  # never read without HAS_MASK
     argmax_split_kernel[(rows, splits)](
-        logits, mask, *parts, vocab, words, splits, HAS_MASK=allowed is not None, CHUNK=chunk, num_warps=8
+        logits,
+        mask,
+        *parts,
+        vocab,
+        words,
+        splits,
+        HAS_MASK=allowed is not None,
+        CHUNK=chunk,
+        num_warps=8,
+        **pdl.launch(),
     )
     k = outs[2].shape[1]
     argmax_merge_kernel[(rows,)](
         *parts, *outs, vocab, splits, k,
         SPLITS=triton.next_power_of_2(splits), K=triton.next_power_of_2(max(k, 1)), num_warps=1,
+        **pdl.launch(),
     )  # fmt: skip

@@ -16,6 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dsgraph.platform.cuda.kernels import pdl_tl
+
 NAN_KEY: tl.constexpr = tl.constexpr(0xFFFFFFFF)  # every NaN: above +inf's key
 NEG_INF_KEY: tl.constexpr = tl.constexpr(0x007FFFFF)  # -inf's key: the lowest a number has
 
@@ -75,8 +77,9 @@ def _chosen(key, real, kth, room, ties_before, every):
 
 
 @triton.jit
-def topk_select_kernel(scores_ptr, out_ptr, width, k, BLOCK: tl.constexpr) -> None:
+def topk_select_kernel(scores_ptr, out_ptr, width, k, BLOCK: tl.constexpr, PDL: tl.constexpr = False) -> None:
     """out[row, :k]: the chosen entries' indices in ascending order, then -1."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     ptr = scores_ptr + row * width
     kth, room, every = kth_key(ptr, width, k, BLOCK)
@@ -102,10 +105,18 @@ def topk_select_kernel(scores_ptr, out_ptr, width, k, BLOCK: tl.constexpr) -> No
 
 @triton.jit
 def block_scores_kernel(
-    scores_ptr, out_ptr, width, num_blocks, block_size, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr
+    scores_ptr,
+    out_ptr,
+    width,
+    num_blocks,
+    block_size,
+    BLOCK: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
     """out[row, b]: the largest score of block b (entries past the row: -inf; NaN if one is NaN), +inf
     for the block of the row's newest visible (> -inf) entry."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     ptr = scores_ptr + row * width
     newest = tl.full((), -1, dtype=tl.int32)
@@ -142,9 +153,11 @@ def block_mask_kernel(
     k,
     BLOCK: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ) -> None:
     """out[row, e] (bytes of a bool tensor): entry e is visible (> -inf) and its block is one of the k
     chosen from the row's block scores."""
+    pdl_tl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     ptr = block_ptr + row * num_blocks
     kth, room, every = kth_key(ptr, num_blocks, k, BLOCK)

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL, sm_90 and later): the launch options of a kernel that waits for
+the kernel before it in the stream itself (`pdl_tl.enter`), so the GPU may start it while that one is
+still running: its launch, its index arithmetic and (the GEMMs) the L2 prefetch of its weights overlap
+the previous kernel's tail instead of following it. A decode step is ~270 launches of a few
+microseconds each, so the gaps between them are a large part of it.
+
+Only kernels that call `pdl_tl.enter` before their first read of another kernel's output may take these
+options; every other launch (torch's, the kernels that do not wait) stays a plain one, which waits for
+everything before it as always. Results do not change, only when each kernel starts.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import torch
+
+from dsgraph.platform import env
+
+__all__ = ["launch", "on"]
+
+
+@cache
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def on() -> bool:
+    """Whether kernel launches use PDL: not under Triton's interpreter (which launches nothing on a GPU),
+    DSGRAPH_PDL not 0, and the current CUDA device is sm_90 or later. (The rules launch kernels only for
+    tensors on the current device, or under the interpreter.)"""
+    if env.triton_interpreting() or not env.pdl() or not torch.cuda.is_available():
+        return False
+    return _capable(torch.cuda.current_device())
+
+
+def launch() -> dict[str, Any]:
+    """The extra launch arguments of a kernel that calls pdl_tl.enter(PDL): {PDL, launch_pdl} when `on`,
+    else none (its PDL constexpr defaults to off)."""
+    return {"PDL": True, "launch_pdl": True} if on() else {}
