@@ -11,6 +11,8 @@ everything before it as always. Results do not change, only when each kernel sta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -18,7 +20,9 @@ import torch
 
 from dsgraph.platform import env
 
-__all__ = ["launch", "on"]
+__all__ = ["launch", "on", "setting"]
+
+_forced: list[bool] = []  # `setting`'s stack: its innermost value overrides DSGRAPH_PDL
 
 
 @cache
@@ -30,7 +34,8 @@ def on() -> bool:
     """Whether kernel launches use PDL: not under Triton's interpreter (which launches nothing on a GPU),
     DSGRAPH_PDL not 0, and the current CUDA device is sm_90 or later. (The rules launch kernels only for
     tensors on the current device, or under the interpreter.)"""
-    if env.triton_interpreting() or not env.pdl() or not torch.cuda.is_available():
+    wanted = _forced[-1] if _forced else env.pdl()
+    if env.triton_interpreting() or not wanted or not torch.cuda.is_available():
         return False
     return _capable(torch.cuda.current_device())
 
@@ -39,3 +44,14 @@ def launch() -> dict[str, Any]:
     """The extra launch arguments of a kernel that calls pdl_tl.enter(PDL): {PDL, launch_pdl} when `on`,
     else none (its PDL constexpr defaults to off)."""
     return {"PDL": True, "launch_pdl": True} if on() else {}
+
+
+@contextmanager
+def setting(on: bool) -> Iterator[None]:
+    """PDL on or off for the launches inside, whatever DSGRAPH_PDL says (a bench comparing the two in one
+    process; a captured bucket keeps the launches of its capture)."""
+    _forced.append(on)
+    try:
+        yield
+    finally:
+        _forced.pop()

@@ -1,8 +1,8 @@
 """What programmatic dependent launch (platform/cuda/pdl.py) buys a captured decode step: the 8-layer bench
-model's decode step at each batch, captured with PDL (DSGRAPH_PDL=1, the default on sm_90) and without it
-(0), same weights, same caches, same run; written as JSON with the ratio, each step's fraction of the
-copy bandwidth measured in the same run, and whether the logits have the same bits (they must: PDL only
-changes when a kernel starts).
+model's decode step at each batch, captured with PDL (the default on sm_90) and without it, same weights,
+same caches, same run; written as JSON with the ratio, each step's fraction of the copy bandwidth measured
+in the same run, and whether the logits have the same bits (they must: PDL only changes when a kernel
+starts).
 
     python -m dsgraph.tools.bench.pdl_ab --out bench/results/pdl-ab.json
 """
@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +20,9 @@ CONTEXT = 8192
 SETTINGS = ("on", "off")
 
 
-@contextmanager
-def pdl_setting(on: bool) -> Iterator[None]:
-    """DSGRAPH_PDL for the launches (and so the captures) inside."""
-    saved = os.environ.get("DSGRAPH_PDL")
-    os.environ["DSGRAPH_PDL"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["DSGRAPH_PDL"]
-        else:
-            os.environ["DSGRAPH_PDL"] = saved
-
-
 def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> dict[str, Any]:
     from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
+    from dsgraph.platform.cuda import pdl
     from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps
     from dsgraph.tools.bench.meta import commit, device_name
     from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
@@ -57,10 +41,10 @@ def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> d
         step = decode_step(model, b, context)
         outs, ms = {}, {}
         for s, session in sessions.items():
-            with pdl_setting(s == "on"):  # the bucket is captured at its first run
+            with pdl.setting(s == "on"):  # the bucket is captured at its first run
                 outs[s] = session.run(step).clone()
         for s, session in sessions.items():
-            ms[s] = time_ms(lambda session=session: session.run(step), warmup=3, repeats=repeats)
+            ms[s] = time_ms(lambda session=session, step=step: session.run(step), warmup=3, repeats=repeats)
         nbytes = decode_bytes(model, weights, b, context)
         rows.append(
             {
