@@ -20,9 +20,14 @@ import torch
 
 from dsgraph.platform import env
 
-__all__ = ["launch", "on", "setting"]
+__all__ = ["PREFETCH_ROW_BYTES", "launch", "on", "prefetch_bytes", "setting"]
 
-_forced: list[bool] = []  # `setting`'s stack: its innermost value overrides DSGRAPH_PDL
+# Bytes of each weight row a decode GEMM program asks L2 for before it waits: its first pipeline steps
+# only. Prefetching a program's whole K range at once (~100 MB over the resident programs of the head)
+# thrashed L2 and made the step slower (bench/results/pdl-ab-H100-40764c0.json).
+PREFETCH_ROW_BYTES = 1024
+
+_forced: list[tuple[bool, int]] = []  # `setting`'s stack: its innermost value overrides the defaults
 
 
 @cache
@@ -34,7 +39,7 @@ def on() -> bool:
     """Whether kernel launches use PDL: not under Triton's interpreter (which launches nothing on a GPU),
     DSGRAPH_PDL not 0, and the current CUDA device is sm_90 or later. (The rules launch kernels only for
     tensors on the current device, or under the interpreter.)"""
-    wanted = _forced[-1] if _forced else env.pdl()
+    wanted = _forced[-1][0] if _forced else env.pdl()
     if env.triton_interpreting() or not wanted or not torch.cuda.is_available():
         return False
     return _capable(torch.cuda.current_device())
@@ -46,11 +51,19 @@ def launch() -> dict[str, Any]:
     return {"PDL": True, "launch_pdl": True} if on() else {}
 
 
+def prefetch_bytes() -> int:
+    """Bytes per weight row the decode GEMMs prefetch before they wait (0: none; only with PDL on)."""
+    if not on():
+        return 0
+    return _forced[-1][1] if _forced else PREFETCH_ROW_BYTES
+
+
 @contextmanager
-def setting(on: bool) -> Iterator[None]:
-    """PDL on or off for the launches inside, whatever DSGRAPH_PDL says (a bench comparing the two in one
-    process; a captured bucket keeps the launches of its capture)."""
-    _forced.append(on)
+def setting(on: bool, prefetch: int = PREFETCH_ROW_BYTES) -> Iterator[None]:
+    """PDL on or off (and the GEMMs' prefetch bytes per row) for the launches inside, whatever
+    DSGRAPH_PDL says: a bench comparing them in one process (a captured bucket keeps the launches of its
+    capture)."""
+    _forced.append((on, prefetch))
     try:
         yield
     finally:

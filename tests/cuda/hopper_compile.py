@@ -53,7 +53,8 @@ def _compile(
     be 16-byte aligned too, as Triton specializes them at launch (vectorized loads show)."""
     # the launch a GPU of sm_90 makes (platform/cuda/pdl.py): programmatic dependent launch, and the
     # GEMMs' weight prefetch
-    constexprs = {**{k: True for k in ("PDL", "PREFETCH") if k in fn.arg_names}, **constexprs}
+    launch = {"PDL": True, "PREFETCH": 1024}
+    constexprs = {**{k: v for k, v in launch.items() if k in fn.arg_names}, **constexprs}
     signature = {**types, **{name: "constexpr" for name in constexprs}}
     options: dict[str, Any] = {"num_warps": num_warps, "enable_fp_fusion": fusion}
     if num_stages is not None:

@@ -11,6 +11,8 @@ import pytest
 
 @pytest.mark.gpu
 def test_structured_overhead_runs_on_cuda(tmp_path: Path) -> None:
+    # the GPU machine installs dsgraph without its dependencies; xgrammar compiles the grammars
+    pytest.importorskip("xgrammar", reason="xgrammar (a dependency of structured output) is not installed")
     from dsgraph.tools.bench.structured_overhead import main
 
     out = tmp_path / "overhead.json"

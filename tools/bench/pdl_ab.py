@@ -1,8 +1,8 @@
 """What programmatic dependent launch (platform/cuda/pdl.py) buys a captured decode step: the 8-layer bench
-model's decode step at each batch, captured with PDL (the default on sm_90) and without it, same weights,
-same caches, same run; written as JSON with the ratio, each step's fraction of the copy bandwidth measured
-in the same run, and whether the logits have the same bits (they must: PDL only changes when a kernel
-starts).
+model's decode step at each batch, captured plainly, with PDL, and with PDL and the GEMMs' weight prefetch
+(the default on sm_90), same weights, same run; written as JSON with the ratios, each step's fraction of
+the copy bandwidth measured in the same run, and whether the logits have the same bits (they must: PDL
+only changes when a kernel starts).
 
     python -m dsgraph.tools.bench.pdl_ab --out bench/results/pdl-ab.json
 """
@@ -17,53 +17,70 @@ from typing import Any
 import torch
 
 CONTEXT = 8192
-SETTINGS = ("on", "off")
+
+
+def _settings() -> dict[str, tuple[bool, int]]:
+    from dsgraph.platform.cuda.pdl import PREFETCH_ROW_BYTES
+
+    # name -> (PDL on, GEMM weight prefetch bytes per row)
+    return {"plain": (False, 0), "pdl": (True, 0), "pdl_prefetch": (True, PREFETCH_ROW_BYTES)}
+
+
+def _one_setting(model: Any, weights: Any, batches: tuple[int, ...], context: int, repeats: int, how: tuple):
+    """{batch: (ms, logits)} of a session whose buckets are captured with `how`."""
+    from dsgraph.platform.cuda import pdl
+    from dsgraph.tools.bench.model_bench import fill_caches, session_for
+    from dsgraph.tools.bench.steps import decode_step
+    from dsgraph.tools.bench.timing import time_ms
+
+    session = session_for(model, weights, max(batches), context)
+    fill_caches(session)
+    out = {}
+    for b in batches:
+        step = decode_step(model, b, context)
+        with pdl.setting(*how):  # the bucket is captured at its first run
+            logits = session.run(step).cpu()
+        out[b] = (time_ms(lambda step=step, s=session: s.run(step), warmup=3, repeats=repeats), logits)
+    del session
+    torch.cuda.empty_cache()
+    return out
 
 
 def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> dict[str, Any]:
     from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
-    from dsgraph.platform.cuda import pdl
     from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps
     from dsgraph.tools.bench.meta import commit, device_name
-    from dsgraph.tools.bench.model_bench import fill_caches, make_model, session_for, synthetic_token_map
-    from dsgraph.tools.bench.steps import decode_step
-    from dsgraph.tools.bench.timing import time_ms
+    from dsgraph.tools.bench.model_bench import make_model, synthetic_token_map
     from dsgraph.tools.bench.traffic import decode_bytes
 
     copy_gbps = copy_bandwidth_gbps()
     weights = random_serving_weights(cfg, synthetic_token_map(cfg), device="cuda", dspark=False)
     model = make_model(cfg, context + 64)
-    sessions = {s: session_for(model, weights, max(batches), context) for s in SETTINGS}
-    for session in sessions.values():
-        fill_caches(session)
+    runs = {
+        name: _one_setting(model, weights, batches, context, repeats, how)
+        for name, how in _settings().items()
+    }
     rows = []
     for b in batches:
-        step = decode_step(model, b, context)
-        outs, ms = {}, {}
-        for s, session in sessions.items():
-            with pdl.setting(s == "on"):  # the bucket is captured at its first run
-                outs[s] = session.run(step).clone()
-        for s, session in sessions.items():
-            ms[s] = time_ms(lambda session=session, step=step: session.run(step), warmup=3, repeats=repeats)
         nbytes = decode_bytes(model, weights, b, context)
-        rows.append(
-            {
-                "batch": b,
-                "context": context,
-                "ms_pdl": ms["on"],
-                "ms_plain": ms["off"],
-                "speedup": ms["off"] / ms["on"],
-                "fraction_of_copy_pdl": nbytes / (ms["on"] * 1e-3) / 1e9 / copy_gbps,
-                "fraction_of_copy_plain": nbytes / (ms["off"] * 1e-3) / 1e9 / copy_gbps,
-                "same_logits": bool(torch.equal(outs["on"], outs["off"])),
+        plain_ms, plain_logits = runs["plain"][b]
+        row: dict[str, Any] = {"batch": b, "context": context}
+        for name, per_batch in runs.items():
+            ms, logits = per_batch[b]
+            row[name] = {
+                "ms": ms,
+                "speedup_over_plain": plain_ms / ms,
+                "fraction_of_copy": nbytes / (ms * 1e-3) / 1e9 / copy_gbps,
+                "same_logits_as_plain": bool(torch.equal(logits, plain_logits)),
             }
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return {
         "gpu": device_name("cuda"),
         "commit": commit(),
         "copy_gbps": copy_gbps,
         "model": "bench-8-layer",
+        "settings": {k: {"pdl": v[0], "prefetch_row_bytes": v[1]} for k, v in _settings().items()},
         "decode": rows,
     }
 

@@ -193,7 +193,7 @@ def gemm_kernel(
     W_FP8: tl.constexpr, X_MODE: tl.constexpr, SWAPPED: tl.constexpr, EMU_F32: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     WIDE: tl.constexpr, IN_PROGRAM: tl.constexpr, PAIR: tl.constexpr, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT, or G when IN_PROGRAM). x [M, G, K]
     (unit stride along K); W [G*N, K]: E4M3 with UE8M0 scales [ceil(G*N/32), K/32] (W_FP8) or bf16; out
@@ -208,7 +208,8 @@ def gemm_kernel(
     weight (w2, s2: n2_size rows) read by the same x into its own out2 [M, 1, N2]: the grid's first
     cdiv(N, BLOCK_N) column tiles are the first weight's, the rest the second's, each tile computed as
     a launch of its own weight computes it (the same bits, one launch for both). PDL: waits for the
-    previous kernel itself (pdl_tl.enter), after PREFETCH has asked L2 for the program's weight bytes."""
+    previous kernel itself (pdl_tl.enter), after asking L2 for the first PREFETCH bytes (a multiple of
+    16) of each of the program's weight rows."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if PAIR:  # selects, not a branch: a launch may pass an int argument of 1, which Triton makes constexpr
@@ -231,7 +232,8 @@ def gemm_kernel(
     if PREFETCH:  # the weight is no kernel's output: its bytes may come before the wait
         last_row = (g * n_size + n_size - 1).to(tl.int64)
         starts = w_ptr + tl.minimum(w_rows, last_row) * K_SIZE + split * K_SPLIT
-        pdl_tl.prefetch_l2(starts, tl.full((BLOCK_N,), K_SPLIT, tl.int32))
+        NBYTES: tl.constexpr = PREFETCH if PREFETCH < K_SPLIT else K_SPLIT
+        pdl_tl.prefetch_l2(starts, tl.full((BLOCK_N,), NBYTES, tl.int32))
     pdl_tl.enter(PDL)
     x_base = x_ptr + g * x_stride_g + rows[:, None] * x_stride_m
     if SWAPPED:
@@ -340,12 +342,14 @@ def launch_weights(
         W_FP8=bool(swapped), X_MODE=mode, SWAPPED=bool(swapped), EMU_F32=not x.is_cuda,
         EVEN_K=(k_size // splits) % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         WIDE=bool(swapped and wide and mode != X_SPLIT), IN_PROGRAM=in_program, PAIR=len(weights) == 2,
-        PREFETCH=bool(pdl_args) and swapped and _prefetchable(k_size // splits, weights),
+        PREFETCH=_prefetch(k_size // splits, weights) if swapped else 0,
         num_warps=num_warps, num_stages=num_stages, **pdl_args,
     )  # fmt: skip
 
 
-def _prefetchable(k_split: int, weights: tuple[tuple[Tensor, Tensor, Tensor], ...]) -> bool:
-    """Whether each program's weight rows can be prefetched by bulk copies: 16-byte aligned starts and
-    sizes (E4M3: a byte per column)."""
-    return k_split % 16 == 0 and all(w.data_ptr() % 16 == 0 and w.shape[1] % 16 == 0 for w, _, _ in weights)
+def _prefetch(k_split: int, weights: tuple[tuple[Tensor, Tensor, Tensor], ...]) -> int:
+    """Bytes per weight row (E4M3: a byte per column) the programs prefetch: pdl.prefetch_bytes(), where
+    bulk copies can take them (16-byte aligned starts and sizes), else 0."""
+    aligned = k_split % 16 == 0
+    aligned &= all(w.data_ptr() % 16 == 0 and w.shape[1] % 16 == 0 for w, _, _ in weights)
+    return pdl.prefetch_bytes() // 16 * 16 if aligned else 0

@@ -137,7 +137,7 @@ def linear_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
     out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
     DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along K),
     W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] contiguous
@@ -146,8 +146,8 @@ def linear_kernel(
     the tile's last split adds them (`store_tile`; part_ptr: [splits, out_size] FP32, count_ptr: one
     zeroed int32 per tile); K_SPLIT == K_SIZE writes out directly.
     Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order.
-    PDL: waits for the previous kernel itself (pdl_tl.enter), after PREFETCH has asked L2 for the
-    program's weight bytes (one row tile of M, the decode GEMVs)."""
+    PDL: waits for the previous kernel itself (pdl_tl.enter), after asking L2 for the first PREFETCH
+    bytes (a multiple of 16) of each of the program's weight rows (one row tile of M: the decode GEMVs)."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g, split = pid_gs // SPLITS, pid_gs % SPLITS
@@ -162,7 +162,8 @@ def linear_kernel(
     if PREFETCH:  # the weight is no kernel's output: its bytes may come before the wait
         W_BYTES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
         rows_in = tl.minimum(w_rows, g * n_size + n_size - 1).to(tl.int64)
-        pdl_tl.prefetch_l2(w_ptr + rows_in * K_SIZE + k_lo, tl.full((BLOCK_N,), K_SPLIT * W_BYTES, tl.int32))
+        NBYTES: tl.constexpr = PREFETCH if PREFETCH < K_SPLIT * W_BYTES else K_SPLIT * W_BYTES
+        pdl_tl.prefetch_l2(w_ptr + rows_in * K_SIZE + k_lo, tl.full((BLOCK_N,), NBYTES, tl.int32))
     pdl_tl.enter(PDL)
     for k0 in range(0, K_SPLIT, BLOCK_K):
         for kk in tl.static_range(BLOCK_K // 32):
@@ -195,13 +196,14 @@ def launch(
     grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
     part, counts = split_buffers(out, splits, grid)
     pdl_args = pdl.launch()
-    prefetch = bool(pdl_args) and grid[1] == 1 and (k_split * w.element_size()) % 16 == 0
+    row_bytes = w.element_size() * k_size
+    aligned = w.data_ptr() % 16 == 0 and row_bytes % 16 == 0 and (k_split * w.element_size()) % 16 == 0
     linear_kernel[grid](
         x, w, scale if scale is not None else w, out, part, counts, m_size, n_size, x.stride(0), x.stride(1),
         out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
         K_SIZE=k_size, K_SPLIT=k_split, DOT_KIND=dot_kind, HAS_SCALE=scale is not None,
         EVEN_K=k_split % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PREFETCH=prefetch and w.data_ptr() % 16 == 0 and (k_size * w.element_size()) % 16 == 0,
+        PREFETCH=pdl.prefetch_bytes() // 16 * 16 if aligned and grid[1] == 1 else 0,
         num_warps=num_warps, num_stages=num_stages, **pdl_args,
     )  # fmt: skip
 
