@@ -23,7 +23,13 @@ def _settings() -> dict[str, tuple[bool, int]]:
     from dsgraph.platform.cuda.pdl import PREFETCH_ROW_BYTES
 
     # name -> (PDL on, GEMM weight prefetch bytes per row)
-    return {"plain": (False, 0), "pdl": (True, 0), "pdl_prefetch": (True, PREFETCH_ROW_BYTES)}
+    # (the last: each program's whole K range, as 40764c0 did)
+    return {
+        "plain": (False, 0),
+        "pdl": (True, 0),
+        "pdl_prefetch": (True, PREFETCH_ROW_BYTES),
+        "pdl_prefetch_whole_rows": (True, 1 << 30),
+    }
 
 
 def _one_setting(model: Any, weights: Any, batches: tuple[int, ...], context: int, repeats: int, how: tuple):
