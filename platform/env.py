@@ -58,10 +58,11 @@ VARS: dict[str, EnvVar] = {
         EnvVar(
             "DSGRAPH_PDL",
             bool,
-            True,
-            "cuda, sm_90 and later: the Triton kernels launch with programmatic dependent launch (a kernel "
-            "starts while the one before it finishes, and prefetches its weights before it waits); 0: plain "
-            "launches, for measuring the difference. Results are the same either way",
+            False,
+            "cuda, sm_90 and later: 1 launches the Triton kernels with programmatic dependent launch (a "
+            "kernel starts while the one before it finishes; the decode GEMMs prefetch their first weight "
+            "bytes before they wait). Off by default: the bench model's decode step was slower with it on an "
+            "H100 (bench/results/pdl-ab-H100-f248b22.json). Results are the same bits either way",
         ),
         EnvVar(
             "DSGRAPH_ENGRAM_HOST_MIN_BYTES",

@@ -7,6 +7,14 @@ microseconds each, so the gaps between them are a large part of it.
 Only kernels that call `pdl_tl.enter` before their first read of another kernel's output may take these
 options; every other launch (torch's, the kernels that do not wait) stays a plain one, which waits for
 everything before it as always. Results do not change, only when each kernel starts.
+
+Off unless DSGRAPH_PDL=1. Measured on an H100 (tools/bench/pdl_ab.py,
+bench/results/pdl-ab-H100-f248b22.json), the bench model's captured decode step ran at 0.95x (b1: 4.24
+against 4.03 ms) and 1.00x (b64) the plain launches' speed, 0.98x / 0.99x with the 1 KiB prefetch and
+0.87x / 0.97x prefetching whole rows, while a synthetic chain of GEMV and element-wise kernels ran 1.15x
+faster with it (pdl_chain.py). Where the step loses the chain's gain is not known yet (its torch
+launches, side stream and split GEMMs are the differences to look at), so the mechanism stays, compiled
+and tested, for that work.
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ from dsgraph.platform import env
 __all__ = ["PREFETCH_ROW_BYTES", "launch", "on", "prefetch_bytes", "setting"]
 
 # Bytes of each weight row a decode GEMM program asks L2 for before it waits: its first pipeline steps
-# only. Prefetching a program's whole K range at once (~100 MB over the resident programs of the head)
-# thrashed L2 and made the step slower (bench/results/pdl-ab-H100-40764c0.json).
+# only. A program's whole K range at once (~100 MB over the resident programs of the head) made the step
+# slower still (bench/results/pdl-ab-H100-f248b22.json: 0.87x at b1).
 PREFETCH_ROW_BYTES = 1024
 
 _forced: list[tuple[bool, int]] = []  # `setting`'s stack: its innermost value overrides the defaults
@@ -37,8 +45,8 @@ def _capable(index: int) -> bool:
 
 def on() -> bool:
     """Whether kernel launches use PDL: not under Triton's interpreter (which launches nothing on a GPU),
-    DSGRAPH_PDL not 0, and the current CUDA device is sm_90 or later. (The rules launch kernels only for
-    tensors on the current device, or under the interpreter.)"""
+    DSGRAPH_PDL=1 (or a `setting`), and the current CUDA device is sm_90 or later. (The rules launch
+    kernels only for tensors on the current device, or under the interpreter.)"""
     wanted = _forced[-1][0] if _forced else env.pdl()
     if env.triton_interpreting() or not wanted or not torch.cuda.is_available():
         return False

@@ -206,3 +206,22 @@ def test_a_fully_captured_decode_replays_without_host_sync(tmp_path: Path) -> No
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_pdl_launches_give_the_plain_launches_bits(tmp_path: Path) -> None:
+    """DSGRAPH_PDL=1 (platform/cuda/pdl.py) changes only when each kernel starts: the same steps, captured
+    with programmatic dependent launch (and the GEMMs' weight prefetch), give the plain capture's logits
+    bit for bit, prefill and decode; a kernel that read its inputs before waiting would race here."""
+    from dsgraph.platform.cuda import pdl
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    runner = _runner(tmp_path, SERVING)
+    plain, _ = _sessions(runner)
+    with pdl.setting(True):
+        launched, _ = _sessions(runner)
+    for step, inputs, _want, _before in _steps(runner, 6):
+        want = plain.run(inputs)
+        with pdl.setting(True):  # each bucket is captured at its first run
+            got = launched.run(inputs)
+        assert torch.equal(got, want), f"step {step}: PDL logits differ from the plain launches'"
