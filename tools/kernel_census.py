@@ -39,6 +39,9 @@ NO_KERNEL = frozenset(
 _LAYER = re.compile(r"weights\.(layers|mtp)\.(\d+)\.")  # a decoder layer, or a draft stage ("mtp1")
 _HEAD = ("weights.norm.", "weights.head.")
 HEAD, EMBED = "head", "embed"
+# equations that read only the step's inputs (and literals), directly or through each other: computed once
+# per step for every layer (a replay mask, entry ids), so no layer's
+STEP = "step"
 # decode and prefill steps; the DSpark draft pass through its full graph or its greedy variant
 STEPS = ("decode", "prefill", "draft", "draft_greedy")
 
@@ -60,7 +63,7 @@ class Census:
 
     def layer_mean(self) -> float:
         """Launches per decoder layer, or per stage of a draft pass (embedding and head excluded)."""
-        inner = sum(v for k, v in self.per_layer.items() if k not in (EMBED, HEAD))
+        inner = sum(v for k, v in self.per_layer.items() if k not in (EMBED, HEAD, STEP))
         return inner / max(self.layers, 1)
 
     def as_dict(self) -> dict[str, Any]:
@@ -144,6 +147,7 @@ def count_program(program: Any, args: Mapping[str, Any], layers: int) -> Census:
 
     graph = program.program.graph
     names = {v.id: n for v, n in zip(graph.inputs, graph.input_names, strict=True)}
+    step_level = {v.id for v, n in zip(graph.inputs, graph.input_names, strict=True) if n.startswith("step.")}
     census = Census(graph.name, layers)
     rec = _Recorder()
     where = EMBED
@@ -153,14 +157,18 @@ def count_program(program: Any, args: Mapping[str, Any], layers: int) -> Census:
             eqn = step.eqn
             read = [names[a.id] for a in eqn.inputs if isinstance(a, Var) and a.id in names]
             where = _layer_of(read, where)
+            per_step = all(a.id in step_level for a in eqn.inputs if isinstance(a, Var))
+            if per_step:
+                step_level.update(v.id for v in eqn.outputs)
             start = len(rec.launches)
             program.run_step(i, env, check=False)
             got = Counter(rec.launches[start:])
             census.op_counts[eqn.op] += 1
             if got:
+                bucket = STEP if per_step else where
                 census.per_op.setdefault(eqn.op, Counter()).update(got)
-                census.per_layer[where] += sum(got.values())
-                census.per_layer_op.setdefault(where, Counter())[eqn.op] += sum(got.values())
+                census.per_layer[bucket] += sum(got.values())
+                census.per_layer_op.setdefault(bucket, Counter())[eqn.op] += sum(got.values())
     return census
 
 

@@ -9,7 +9,7 @@ selects; HCA layers add every visible compressed entry. Caches hold unrounded va
 from __future__ import annotations
 
 from dsgraph.models.deepseek_v4.layers import Attn, LayerPlan
-from dsgraph.models.deepseek_v41.attention_block import _output
+from dsgraph.models.deepseek_v41.attention_block import _output, cache_writers
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
 from dsgraph.ops import op
 
@@ -54,14 +54,12 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer, prefix: str, state: str, p
     entry_ids = s["positions"] // plan.ratio
     entry = f.rope(latent, entry_ids * plan.ratio, plan.rope_theta, plan.use_yarn)
     f.record(f"{pool}_pre", entry)
-    # rows replayed after a prefix-cache hit must not rewrite entries that shared pages already hold
-    writes = op.where(closes, op.equal(s["is_replay"], 0), closes)
     f.new_caches[pool] = op.paged_write(
         f.caches[pool],
         op.cache_encode(entry, fmt=CACHE_FMT),
         entry_ids,
-        writes,
-        s["seq_ids"],
+        closes,
+        cache_writers(s),
         s[f"block_table_r{plan.ratio}"],
     )
 

@@ -6,6 +6,8 @@ spec/numerics-nemo-vs-deepinfer.md; in `reference` numerics (act_dtype f32, no a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dsgraph.models.deepseek_v41.context import Forward, Tracer
 from dsgraph.models.deepseek_v41.layers_plan import LayerMode, LayerPlan
 from dsgraph.ops import op
@@ -64,17 +66,21 @@ def _compress(f: Forward, plan: LayerPlan, u: Tracer) -> None:
     f.record(f"ckv_pre.{plan.index}", ckv)
     f.record(f"kidx_pre.{plan.index}", key)
     f.record(f"closes.{plan.index}", closes)
-    # Rows replayed after a prefix-cache hit recompute entries that shared cached pages already hold:
-    # they must not write them (their SWA context may be truncated, so their values can differ).
-    fresh = op.equal(f.step["is_replay"], 0)
-    writes = op.where(closes, fresh, closes)  # closes and not replayed
-    table = f.step[f"block_table_r{plan.ratio}"]
+    table, writers = f.step[f"block_table_r{plan.ratio}"], cache_writers(f.step)
     for name, value, fmt in (
         (f"ckv.{plan.index}", ckv, f.num.nvfp4_fmt),
         (f"kidx.{plan.index}", key, "mxfp4_g32"),
     ):
         entries = op.cache_encode(value, fmt=fmt)
-        f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, writes, seq_ids, table)
+        f.new_caches[name] = op.paged_write(f.caches[name], entries, entry_ids, closes, writers, table)
+
+
+def cache_writers(step: Mapping[str, Tracer]) -> Tracer:
+    """seq_ids for the compressed caches' paged_write, with -1 on the rows replayed after a prefix-cache
+    hit: they recompute entries that shared cached pages already hold and must not write them (their SWA
+    context may be truncated, so their values can differ); paged_write skips a row of seq id -1 as it
+    skips padding. The same equations in every layer: CSE keeps one pair per step."""
+    return op.where(op.equal(step["is_replay"], 0), step["seq_ids"], -1)
 
 
 def _select(f: Forward, plan: LayerPlan, u: Tracer, c: Tracer) -> None:
