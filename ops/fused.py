@@ -13,6 +13,8 @@ Each computes exactly what its two equations compute, every intermediate rounded
 - `rms_norm_rope` (and its `_qdq`): rms_norm of the last dim, then rope of the normalized rows (a K(=V)
   row or an index key: the norm is their only reader).
 - `encode_swa_write`, `encode_paged_write`: cache_encode of values, then the cache write of its entries.
+- `compress_norm`: compress (ops/cache.py), then rms_norm of its latent (the compressor's norm, its
+  latent's only reader); closes and the state come out as compress gives them.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 
 from dsgraph.graph.op import NoParams, OpDef, declare_op, get_op, params
 from dsgraph.graph.types import TensorType
-from dsgraph.ops import mhc, moe, nn, rope
+from dsgraph.ops import cache, mhc, moe, nn, rope
 from dsgraph.ops.quant import SAME_DTYPE, ActQdqParams, QdqParams
 
-__all__ = ["FUSED_QDQ", "inner_params", "qdq_params", "rope_params"]
+__all__ = ["FUSED_QDQ", "compress_params", "inner_params", "qdq_params", "rope_params"]
 
 
 def _expand_pre_rule(p: mhc.HcPreParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
@@ -92,6 +94,33 @@ declare_op(
     "`x [*, D] float, weight [D] float, positions [tokens] i32` -> `[*, D]` x's dtype: "
     "rope(rms_norm(x, weight) rounded to x's dtype, positions) (ops/nn.py, ops/rope.py).",
     num_inputs=3,
+)
+
+
+@params
+class CompressNormParams:
+    ratio: int
+    eps: float  # the norm's
+    out_dtype: str = "f32"  # of the latent, and so of the norm's output
+
+
+def compress_params(p: CompressNormParams) -> cache.CompressParams:
+    """The compress's own params inside a `compress_norm` op's."""
+    return params_as(cache.CompressParams, p)
+
+
+def _compress_norm_rule(p: CompressNormParams, ts: tuple[TensorType, ...]) -> tuple[TensorType, ...]:
+    outs = get_op("compress").infer(compress_params(p), ts[:-1])
+    (y,) = get_op("rms_norm").infer(nn.RMSNormParams(eps=p.eps), (outs[0], ts[-1]))
+    return (y, *outs[1:])
+
+
+declare_op(
+    "compress_norm",
+    CompressNormParams,
+    _compress_norm_rule,
+    "compress's operands (ratio 1 or 2), then `weight [D] float` -> compress's outputs with the latent "
+    "replaced by rms_norm(latent, weight) (the latent rounded to out_dtype first, as compress stores it).",
 )
 
 

@@ -9,7 +9,8 @@ merge, in order:
 2. `hc_collapse` read only by an `rms_norm` -> `hc_collapse_norm` (at the norm's place);
 3. `rms_norm` read only by a `rope` -> `rms_norm_rope` (at the rope's place);
 4. `cache_encode` read only by a `swa_write` / `paged_write` -> `encode_swa_write` /
-   `encode_paged_write` (at the write's place);
+   `encode_paged_write` (at the write's place); a `compress` whose latent only an `rms_norm` reads ->
+   `compress_norm` (at the compress's place: its closes and state may have readers before the norm);
 5. two `linear`s of block-scaled weights that read one activation with the same params ->
    `linear_pair` (at the first one's place), in equation order;
 6. an `act_qdq` of a fusable op's output -> `<op>_qdq`, which also writes the op's own output where
@@ -24,7 +25,7 @@ from typing import Any
 
 from dsgraph.graph.ir import Eqn, Graph, Var
 from dsgraph.graph.op import get_op
-from dsgraph.ops.fused import FUSED_QDQ, HcCollapseNormParams, RMSNormRopeParams
+from dsgraph.ops.fused import FUSED_QDQ, CompressNormParams, HcCollapseNormParams, RMSNormRopeParams
 
 __all__ = ["fuse", "fuse_qdq"]
 
@@ -131,6 +132,22 @@ def fuse_encode_write(graph: Graph) -> Graph:
     return graph
 
 
+def fuse_compress_norm(graph: Graph) -> Graph:
+    readers, defined = _readers(graph), _defined_at(graph)
+    merged, dropped = {}, set()
+    for i, j in _pairs(graph, "compress", "rms_norm"):
+        compress, norm = graph.eqns[i], graph.eqns[j]
+        if readers[compress.outputs[0].id] != 1 or not _ready_at(defined, norm, i):
+            continue
+        p = CompressNormParams(
+            ratio=compress.params.ratio, eps=norm.params.eps, out_dtype=compress.params.out_dtype
+        )
+        outs = (norm.outputs[0], *compress.outputs[1:])
+        merged[i] = Eqn("compress_norm", (*compress.inputs, norm.inputs[1]), outs, p, compress.source)
+        dropped.add(j)
+    return _rewrite(graph, merged, dropped)
+
+
 def fuse_linear_pairs(graph: Graph) -> Graph:
     defined = _defined_at(graph)
     open_pairs: dict[tuple, int] = {}  # (x id, params) -> the equation waiting for its partner
@@ -176,4 +193,5 @@ def fuse_qdq(graph: Graph) -> Graph:
 def fuse(graph: Graph) -> Graph:
     """Every rewrite above, in order."""
     graph = fuse_encode_write(fuse_norm_rope(fuse_collapse_norm(fuse_expand_pre(graph))))
+    graph = fuse_compress_norm(graph)
     return fuse_qdq(fuse_linear_pairs(graph))

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 
 from dsgraph.graph.op import NoParams
-from dsgraph.ops.fused import FUSED_QDQ, inner_params, qdq_params, rope_params
+from dsgraph.ops.fused import FUSED_QDQ, compress_params, inner_params, qdq_params, rope_params
 from dsgraph.ops.mhc import HcCollapseParams
 from dsgraph.ops.nn import RMSNormParams
 from dsgraph.platform.cpu import rules_cache, rules_core, rules_quant
@@ -44,6 +44,18 @@ def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) 
     return rules_cache.paged_write(None, pool, rules_quant.cache_encode(p, values), *operands)
 
 
+def compress_norm(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
+    """compress (its state copied, as its pure rule does), then the norm of its latent."""
+    outs = rules_cache.compress(compress_params(p), *operands[:-1])
+    return (rms_norm(RMSNormParams(eps=p.eps), outs[0], operands[-1]), *outs[1:])
+
+
+def compress_norm_into(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
+    """compress_norm writing the state operand in place (the platforms that update caches in place)."""
+    outs = rules_cache.compress_into(compress_params(p), *operands[:-1])
+    return (rms_norm(RMSNormParams(eps=p.eps), outs[0], operands[-1]), *outs[1:])
+
+
 def then_qdq(p: Any, y: Tensor, act_qdq: Any = rules_quant.act_qdq) -> Tensor | tuple[Tensor, Tensor]:
     """A `<op>_qdq` op's outputs from its op's output y by `act_qdq` (a platform's rule of that op):
     (y, q), or q alone without `raw`."""
@@ -73,5 +85,8 @@ RULES: dict[str, Any] = {
     "linear_pair": linear_pair,
     "encode_swa_write": encode_swa_write,
     "encode_paged_write": encode_paged_write,
+    "compress_norm": compress_norm,
     **{FUSED_QDQ[name]: _fused(rule) for name, rule in _PRODUCERS.items()},
 }
+# the rules of the fused ops that write a cache operand in place (platform/cuda/target.py INPLACE)
+INPLACE_RULES: dict[str, Any] = {"compress_norm": compress_norm_into}

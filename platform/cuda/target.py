@@ -20,6 +20,7 @@ from typing import Any
 import dsgraph.ops  # noqa: F401  (declares the ops)
 from dsgraph.graph.ir import Eqn
 from dsgraph.platform.cpu.rules_cache import INPLACE_RULES as CACHE_INPLACE
+from dsgraph.platform.cpu.rules_fused import INPLACE_RULES as FUSED_INPLACE
 from dsgraph.platform.cpu.rules_window import INPLACE_RULES as WINDOW_INPLACE
 from dsgraph.platform.cpu.target import PLATFORM as CPU
 from dsgraph.platform.registry import Platform, Rule
@@ -39,9 +40,10 @@ INPLACE: dict[str, Any] = {
     "encode_swa_write": lambda _eqn: ((0, 0),),
     "encode_paged_write": lambda _eqn: ((0, 0),),
     "compress": _compress_state,
+    "compress_norm": _compress_state,
     "window_compress": lambda _eqn: ((4, 2),),
 }
-INPLACE_RULES = {**CACHE_INPLACE, **WINDOW_INPLACE}
+INPLACE_RULES = {**CACHE_INPLACE, **WINDOW_INPLACE, **FUSED_INPLACE}
 
 
 def _declared_ops(path: Path) -> list[str]:

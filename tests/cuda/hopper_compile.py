@@ -215,9 +215,13 @@ def _cache() -> None:
         }
         pool |= {"state_ptr": "*fp32", **rows, "start_ptr": "*i32"}
         pool |= {"num_seqs": "i32", "num_slots": "i32", "ring_len": "i32"}
-        _compile(cache_tl.compress_pool_kernel, pool, dict(WIDTH=512, BLOCK=512), 4, fusion=False)
-        one = {"latent_ptr": latent, "closes_ptr": "*u8", "kv_ptr": "*fp32", "seq_ptr": "*i32"}
-        _compile(cache_tl.compress_rows_kernel, one, dict(WIDTH=512, BLOCK=512), 4)
+        # compress_norm's norm in the same launch (NORM_BLOCK > 0), or none
+        norm = {"norm_w_ptr": latent, "normed_ptr": latent, "eps": "fp32"}
+        one = {"latent_ptr": latent, "closes_ptr": "*u8", "kv_ptr": "*fp32", "seq_ptr": "*i32", **norm}
+        for norm_block in (0, 512):
+            meta = dict(WIDTH=512, BLOCK=512, NORM_BLOCK=norm_block)
+            _compile(cache_tl.compress_pool_kernel, {**pool, **norm}, meta, 4, fusion=False)
+            _compile(cache_tl.compress_rows_kernel, one, meta, 4, fusion=False)
 
 
 def _fused() -> None:

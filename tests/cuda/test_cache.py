@@ -234,3 +234,36 @@ def test_compress_names_a_closing_row_that_does_not_follow_its_group_start() -> 
     for rule in (rules_cache.compress, cache.compress):
         with pytest.raises(ValueError, match=r"row 1 \(position 5\) does not follow the row of position 4"):
             rule(_compress_params(2), *on_device(args))
+
+
+@pytest.mark.parametrize("out_dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_compress_norm_is_compress_then_the_norm(ratio: int, out_dtype: str) -> None:
+    """compress_norm (ops/fused.py: the compressor's norm in compress's launch) gives the bits of the cuda
+    compress rule followed by the cuda rms_norm rule (padding and non-closing rows included: their zero
+    latent normalizes to 0), writes the same state in place, and its cpu rule is the two cpu rules."""
+    from dsgraph.ops.fused import CompressNormParams
+    from dsgraph.ops.nn import RMSNormParams
+    from dsgraph.platform.cpu import rules_core, rules_fused
+    from dsgraph.platform.cuda.kernels import norm_rope
+
+    args = _compress_operands(ratio, torch.float32)
+    args[0] = args[0].to(torch.bfloat16) if out_dtype == "bf16" else args[0]
+    weight = (1 + 0.25 * torch.randn(32, generator=torch.Generator().manual_seed(7))).to(args[0].dtype)
+    p = CompressNormParams(ratio=ratio, eps=1e-6, out_dtype=out_dtype)
+    norm = RMSNormParams(eps=1e-6)
+    two = on_device(args)
+    plain = cache.compress(_compress_params(ratio, out_dtype), *two)
+    want = (norm_rope.rms_norm(norm, plain[0], weight.to(DEVICE)), *plain[1:])
+    fused_args = on_device([*args, weight])
+    got = cache.compress_norm(p, *fused_args)
+    assert len(got) == len(want) and got[0].dtype == want[0].dtype
+    for g, w, what in zip(got, want, ("normed latent", "closes", "state"), strict=False):
+        assert torch.equal(g.cpu(), w.cpu()), what
+    if ratio == 2:
+        assert got[2] is fused_args[3], "the state is written in place"
+    assert bool(got[0].any()) and not bool(got[0][~got[1]].any())
+    cpu = rules_fused.compress_norm(p, *[t.clone() for t in args], weight)
+    compressed = rules_cache.compress(_compress_params(ratio, out_dtype), *[t.clone() for t in args])
+    assert torch.equal(cpu[0], rules_core.rms_norm(norm, compressed[0], weight))
+    assert all(torch.equal(a, b) for a, b in zip(cpu[1:], compressed[1:], strict=True))

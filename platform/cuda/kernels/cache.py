@@ -12,7 +12,9 @@ target is out of range writes nothing.
 (dense weight, f32 output: IEEE f32 dots, fixed tiles), then one Triton launch that writes latent in its
 dtype and closes: ratio 1's row mask (cache_tl.compress_rows_kernel), ratio 2's pooling
 (cache_tl.compress_pool_kernel: the cpu rule's first-token lookup and f64 softmax of two gates) before
-the state ring's update by a Triton row copy; no host sync, no data-dependent shape.
+the state ring's update by a Triton row copy; no host sync, no data-dependent shape. `compress_norm`
+(ops/fused.py) runs the compressor's norm of each latent row in that same launch, after the row is
+stored (rms_norm_kernel's helpers and tiles: its bits).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import torch
 from torch import Tensor
 
 from dsgraph.graph.op import NoParams
+from dsgraph.ops.fused import compress_params
 from dsgraph.ops.nn import LinearParams
 from dsgraph.ops.quant import GROUP_SIZES
 from dsgraph.ops.quant import entry_bytes as entry_size
-from dsgraph.platform.cpu import rules_cache, rules_window
+from dsgraph.platform.cpu import rules_cache, rules_fused, rules_window
 from dsgraph.platform.cpu.dtypes import to_torch
 from dsgraph.platform.cpu.step_rows import (
     per_row,
@@ -215,49 +218,85 @@ def _outputs(kv: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor]:
 
 
 def _pool(
-    state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...], out: torch.dtype
+    state: Tensor, kv: Tensor, gate: Tensor, operands: tuple[Tensor, ...], out: torch.dtype, norm: Norm
 ) -> tuple[Tensor, ...]:
-    """Ratio 2's (latent [T, D] out, closes [T] bool, each sequence's newest position [S] i32) in one
-    launch, reading the ring before its update."""
+    """Ratio 2's (latent [T, D] out, or its norm, closes [T] bool, each sequence's newest position [S]
+    i32) in one launch, reading the ring before its update."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     positions, seq_ids, seq_slot, seq_start = (t.contiguous() for t in operands)
     latent, closes = _outputs(kv, out)
+    normed, norm_args = _norm_args(latent, norm)
     last = torch.full((max(seq_slot.shape[0], 1),), -1, dtype=torch.int32, device=kv.device)
     width = kv.shape[1]
     K.compress_pool_kernel[(kv.shape[0],)](
         latent, closes.view(torch.uint8), last, kv.contiguous(), gate.contiguous(), state, positions, seq_ids,
-        seq_slot, seq_start, seq_slot.shape[0], state.shape[0], state.shape[1], WIDTH=width,
-        BLOCK=_next_pow2(width), num_warps=NUM_WARPS, enable_fp_fusion=False, **pdl.launch(),
+        seq_slot, seq_start, seq_slot.shape[0], state.shape[0], state.shape[1], *norm_args, WIDTH=width,
+        BLOCK=_next_pow2(width), NORM_BLOCK=_norm_block(width, norm), num_warps=NUM_WARPS,
+        enable_fp_fusion=False, **pdl.launch(),
     )  # fmt: skip
-    return latent, closes, last
+    return normed, closes, last
 
 
-def _rows(kv: Tensor, seq_ids: Tensor, out: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Ratio 1's (latent [T, D] out, closes [T] bool) from the projection kv [T, D] f32 in one launch."""
+def _rows(kv: Tensor, seq_ids: Tensor, out: torch.dtype, norm: Norm) -> tuple[Tensor, Tensor]:
+    """Ratio 1's (latent [T, D] out, or its norm, closes [T] bool) from the projection kv [T, D] f32 in
+    one launch."""
     from dsgraph.platform.cuda.kernels import cache_tl as K
 
     latent, closes = _outputs(kv, out)
+    normed, norm_args = _norm_args(latent, norm)
     if kv.shape[0]:
         width = kv.shape[1]
         K.compress_rows_kernel[(kv.shape[0],)](
-            latent, closes.view(torch.uint8), kv.contiguous(), seq_ids.contiguous(), WIDTH=width,
-            BLOCK=_next_pow2(width), num_warps=NUM_WARPS, **pdl.launch(),
+            latent, closes.view(torch.uint8), kv.contiguous(), seq_ids.contiguous(), *norm_args, WIDTH=width,
+            BLOCK=_next_pow2(width), NORM_BLOCK=_norm_block(width, norm), num_warps=NUM_WARPS,
+            enable_fp_fusion=False, **pdl.launch(),
         )  # fmt: skip
-    return latent, closes
+    return normed, closes
+
+
+# compress_norm's norm: (weight [D], eps), or None for compress alone
+Norm = tuple[Tensor, float] | None
+
+
+def _norm_block(width: int, norm: Norm) -> int:
+    """The compress kernels' NORM_BLOCK: rms_norm_kernel's BLOCK for this width (0: no norm)."""
+    from dsgraph.platform.cuda.kernels.norm_rope import NORM_BLOCK
+
+    return 0 if norm is None else min(NORM_BLOCK, _next_pow2(width))
+
+
+def _norm_args(latent: Tensor, norm: Norm) -> tuple[Tensor, tuple[Any, ...]]:
+    """The output the compress kernels return (the latent, or a new tensor for its norm) and their norm
+    operands (weight, normed, eps; the latent twice and 0 when there is no norm: never read)."""
+    if norm is None:
+        return latent, (latent, latent, 0.0)
+    normed = torch.empty_like(latent)
+    return normed, (norm[0].contiguous(), normed, float(norm[1]))
 
 
 def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
-    u, wkv = operands[0], operands[1]
-    if not runs_kernels(u):
+    if not runs_kernels(operands[0]):
         return rules_cache.compress_into(p, *operands)
+    return _compress(p, operands, None)
+
+
+def compress_norm(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
+    """compress, then the compressor's norm of its latent (ops/fused.py), in compress's launches."""
+    if not runs_kernels(operands[0]):
+        return rules_fused.compress_norm_into(p, *operands)
+    return _compress(compress_params(p), operands[:-1], (operands[-1], p.eps))
+
+
+def _compress(p: Any, operands: tuple[Tensor, ...], norm: Norm) -> tuple[Tensor, ...]:
+    u, wkv = operands[0], operands[1]
     positions, seq_ids, seq_slot, seq_start = step = operands[-4:]
     checked = should_check(u)
     if checked:  # its error for a bad seq_id; the rows' sequences for the checks below
         real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
     kv, out = _project(u, wkv), to_torch(p.out_dtype)
     if p.ratio == 1:
-        return _rows(kv, seq_ids, out)
+        return _rows(kv, seq_ids, out, norm)
     wgate, state = operands[2], operands[3]
     _require_contiguous(state, "compress", "state")
     if checked:
@@ -268,7 +307,7 @@ def compress(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
     gate = _project(u, wgate)
     if not kv.shape[0]:
         return kv.to(out), seq_ids >= 0, state
-    latent, closes, last = _pool(state, kv, gate, step, out)
+    latent, closes, last = _pool(state, kv, gate, step, out, norm)
     _write_state(state, kv, gate, step, last)
     return latent, closes, state
 
@@ -291,20 +330,23 @@ RULES: dict[str, Any] = {
     "encode_swa_write": encode_swa_write,
     "encode_paged_write": encode_paged_write,
     "compress": compress,
+    "compress_norm": compress_norm,
     "window_compress": window_compress,
 }
 # op -> the Triton kernels its rule may launch (`dsgraph inspect --platform cuda` prints them); compress
 # projects through the linear kernel and (ratio 2) pools, then writes its state ring
+_COMPRESS_KERNELS = (
+    "linear_tl.linear_kernel",
+    "cache_tl.compress_rows_kernel",
+    "cache_tl.compress_pool_kernel",
+    "cache_tl.compress_state_kernel",
+)
 KERNELS: dict[str, tuple[str, ...]] = {
     "swa_write": ("cache_tl.swa_write_kernel",),
     "paged_write": ("cache_tl.paged_write_kernel",),
     "encode_swa_write": ("cache_tl.swa_write_kernel", "quant_act_tl.encode_kernel"),
     "encode_paged_write": ("cache_tl.paged_write_kernel", "quant_act_tl.encode_kernel"),
-    "compress": (
-        "linear_tl.linear_kernel",
-        "cache_tl.compress_rows_kernel",
-        "cache_tl.compress_pool_kernel",
-        "cache_tl.compress_state_kernel",
-    ),
+    "compress": _COMPRESS_KERNELS,
+    "compress_norm": _COMPRESS_KERNELS,  # the norm runs in the rows / pool kernel
     "window_compress": ("linear_tl.linear_kernel",),
 }

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from dsgraph.platform.cuda.kernels import pdl_tl
+from dsgraph.platform.cuda.kernels.norm_rope_tl import inv_rms, normed
 from dsgraph.platform.cuda.kernels.quant_act_tl import encode_groups
 from dsgraph.platform.cuda.kernels.quant_tl import round_f32_to
 
@@ -130,8 +131,12 @@ def compress_pool_kernel(
     num_seqs,
     num_slots,
     ring_len,
+    norm_w_ptr,
+    normed_ptr,
+    eps,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    NORM_BLOCK: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     """Grid (rows,): ratio-2 pooling of row t. A real row at an odd position closes its group: its first
@@ -139,7 +144,8 @@ def compress_pool_kernel(
     the row's position; latent = first_kv * w0 + kv * w1 with (w0, w1) the softmax of the two gates in
     f64, rounded to f32 (the cpu rule's invariant.softmax), products and sum in f32. Rows that do not
     close write zeros. The ring is only read here (its update is compress_state_kernel's, after, which
-    reads last [S] i32: each sequence's newest position, an atomic max over its real rows from -1)."""
+    reads last [S] i32: each sequence's newest position, an atomic max over its real rows from -1).
+    NORM_BLOCK > 0 (compress_norm): normed[t] = rms_norm of the stored latent row by norm_w (`_norm_row`)."""
     pdl_tl.enter(PDL)
     t = tl.program_id(0)
     seq_id = tl.load(seq_ptr + t)
@@ -172,6 +178,8 @@ def compress_pool_kernel(
     latent = tl.where(closes, first_kv * w0 + kv * w1, 0.0)
     tl.store(latent_ptr + row, round_f32_to(latent, latent_ptr.dtype.element_ty), mask=d < WIDTH)
     tl.store(closes_ptr + t, closes.to(tl.uint8))
+    if NORM_BLOCK > 0:
+        _norm_row(latent_ptr, norm_w_ptr, normed_ptr, t, eps, WIDTH, NORM_BLOCK)
 
 
 @triton.jit
@@ -180,12 +188,17 @@ def compress_rows_kernel(
     closes_ptr,
     kv_ptr,
     seq_ptr,
+    norm_w_ptr,
+    normed_ptr,
+    eps,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    NORM_BLOCK: tl.constexpr = 0,
     PDL: tl.constexpr = False,
 ):
     """Grid (rows,): ratio 1's outputs from the f32 projection kv: latent = kv rounded to latent's dtype
-    on a real row, 0 on a padding row; closes = real."""
+    on a real row, 0 on a padding row; closes = real. NORM_BLOCK > 0 (compress_norm): normed[t] = rms_norm
+    of the stored latent row by norm_w (`_norm_row`)."""
     pdl_tl.enter(PDL)
     t = tl.program_id(0)
     real = tl.load(seq_ptr + t) >= 0
@@ -194,3 +207,21 @@ def compress_rows_kernel(
     kv = tl.load(kv_ptr + row, mask=real & (d < WIDTH), other=0.0)
     tl.store(latent_ptr + row, round_f32_to(kv, latent_ptr.dtype.element_ty), mask=d < WIDTH)
     tl.store(closes_ptr + t, real.to(tl.uint8))
+    if NORM_BLOCK > 0:
+        _norm_row(latent_ptr, norm_w_ptr, normed_ptr, t, eps, WIDTH, NORM_BLOCK)
+
+
+@triton.jit
+def _norm_row(latent_ptr, w_ptr, out_ptr, t, eps, WIDTH: tl.constexpr, NORM_BLOCK: tl.constexpr) -> None:
+    """out[t] = rms_norm_kernel's output for row t of the latent as this program stored it: its helpers
+    on its tiles (NORM_BLOCK = its BLOCK for WIDTH), read back from memory as it reads them, so its bits
+    (compress_norm: one launch for compress and the compressor's norm)."""
+    tl.debug_barrier()  # the row's stores, by every thread of this program, are seen by the reads below
+    OUT: tl.constexpr = latent_ptr.dtype.element_ty
+    row = t.to(tl.int64)
+    r = inv_rms(latent_ptr, latent_ptr, row, eps, WIDTH, 0, NORM_BLOCK, OUT)
+    c = tl.arange(0, NORM_BLOCK)
+    for c0 in tl.static_range(0, WIDTH, NORM_BLOCK):
+        mask = c0 + c < WIDTH
+        y = normed(latent_ptr, w_ptr, row * WIDTH + c0 + c, c0 + c, mask, r, OUT)
+        tl.store(out_ptr + row * WIDTH + c0 + c, y, mask=mask)

@@ -40,7 +40,7 @@ def _norm_input(x_ptr, a_ptr, t, cols, mask, D: tl.constexpr, N: tl.constexpr, O
 
 
 @triton.jit
-def _inv_rms(x_ptr, a_ptr, t, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
+def inv_rms(x_ptr, a_ptr, t, eps, D: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, OUT: tl.constexpr):
     """1 / sqrt(mean(x[t]^2) + eps) of row t: squares summed in BLOCK tiles, then one tree sum."""
     c = tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -64,7 +64,7 @@ def rms_norm_kernel(
     pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
-    r = _inv_rms(x_ptr, a_ptr, t, eps, D, N, BLOCK, OUT)
+    r = inv_rms(x_ptr, a_ptr, t, eps, D, N, BLOCK, OUT)
     for c0 in tl.static_range(0, D, BLOCK):
         mask = c0 + c < D
         x = _norm_input(x_ptr, a_ptr, t, c0 + c, mask, D, N, OUT)
@@ -125,7 +125,7 @@ def rope_kernel(
 
 
 @triton.jit
-def _normed(x_ptr, w_ptr, offs, cols, mask, r, OUT: tl.constexpr) -> tl.tensor:
+def normed(x_ptr, w_ptr, offs, cols, mask, r, OUT: tl.constexpr) -> tl.tensor:
     """rms_norm_kernel's output at row offsets `offs` (weight columns `cols`), as stored then read back."""
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -146,11 +146,11 @@ def norm_rope_kernel(
     and the rotated columns apart)."""
     pdl_tl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    r = _inv_rms(x_ptr, x_ptr, t, eps, D, 0, BLOCK, OUT)
+    r = inv_rms(x_ptr, x_ptr, t, eps, D, 0, BLOCK, OUT)
     c = tl.arange(0, BLOCK)
     for c0 in tl.static_range(0, D - ROPE, BLOCK):
         mask = c0 + c < D - ROPE
-        y = _normed(x_ptr, w_ptr, t * D + c0 + c, c0 + c, mask, r, OUT)
+        y = normed(x_ptr, w_ptr, t * D + c0 + c, c0 + c, mask, r, OUT)
         if RAW:
             tl.store(out_ptr + t * D + c0 + c, y.to(OUT), mask=mask)
         if QDQ >= 0:
@@ -164,8 +164,8 @@ def norm_rope_kernel(
     if INVERSE:
         sin = sin * -1.0  # not -sin: Triton negates as 0 - x, which loses the sign of -0
     cols = (D - ROPE) + 2 * j
-    x0 = _normed(x_ptr, w_ptr, t * D + cols, cols, pairs, r, OUT)
-    x1 = _normed(x_ptr, w_ptr, t * D + cols + 1, cols + 1, pairs, r, OUT)
+    x0 = normed(x_ptr, w_ptr, t * D + cols, cols, pairs, r, OUT)
+    x1 = normed(x_ptr, w_ptr, t * D + cols + 1, cols + 1, pairs, r, OUT)
     real = round_f32_to(x0 * cos - x1 * sin, OUT)
     imag = round_f32_to(x0 * sin + x1 * cos, OUT)
     if RAW:
