@@ -457,10 +457,14 @@ def _linear(every: bool) -> None:
     _compile(bf16.gemm_kernel, types, meta, t.num_warps, True, t.num_stages)
     for t in sorted({t for _, t in rule.DENSE_TILE_TABLE}):
         types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "s_ptr": "*bf16", "out_ptr": "*fp32", **split}
-        for k_split in (5120, 1280):  # whole K (the head), K split in 4 (the router gate at decode)
+        types |= {"w2_ptr": "*bf16", "out2_ptr": "*fp32", "part2_ptr": "*fp32", "n2_size": "i32"}
+        types |= {"out2_size": "i32"}
+        pairs = (True,) if t.block_m <= rule.PAIR_MAX_ROWS else ()  # a compressor's wkv and wgate
+        for k_split, pair in ((5120, False), (1280, False), *((1280, p) for p in pairs)):
+            # whole K (the head), K split in 4 (the router gate at decode), the pair (decode tiles only)
             meta = dict(K_SIZE=5120, K_SPLIT=k_split, DOT_KIND=linear_tl.DOT_NATIVE, HAS_SCALE=False)
-            meta |= dict(EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-            print(f"dense linear {t} K split {k_split}", flush=True)
+            meta |= dict(EVEN_K=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PAIR=pair)
+            print(f"dense linear {t} K split {k_split} pair {pair}", flush=True)
             _without_spills(
                 linear_tl.linear_kernel, {**types, **sizes}, meta, t.num_warps, True, t.num_stages, aligned
             )

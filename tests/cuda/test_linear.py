@@ -465,3 +465,26 @@ def test_a_pair_whose_splits_differ_runs_two_launches() -> None:
     got = cuda_linear.linear_pair(p, xs, *(t.to(DEVICE) for t in (*w1, *w2)))
     assert torch.equal(got[0], cuda_linear.linear(p, xs, *(t.to(DEVICE) for t in w1)))
     assert torch.equal(got[1], cuda_linear.linear(p, xs, *(t.to(DEVICE) for t in w2)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 65])
+@pytest.mark.parametrize(
+    ("x_dtype", "w_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)]
+)
+def test_a_dense_pair_has_the_bits_of_two_launches(
+    rows: int, x_dtype: torch.dtype, w_dtype: torch.dtype
+) -> None:
+    """dense_pair (a compressor's wkv and wgate read by one u) in one launch of the dense kernel: each
+    output has the bits of its weight's own launch, with K split (K = 5120 at decode widths, in 5) and
+    without, widths that leave a partial last tile; past PAIR_MAX_ROWS it runs the two launches."""
+    gen = torch.Generator().manual_seed(41)
+    p = _params("dense", "none", "f32")
+    for k_size, n_size in ((5120, 48), (96, 40)):
+        x = torch.randn(rows, k_size, generator=gen).to(x_dtype).to(DEVICE)
+        w1, w2 = (
+            (torch.randn(n_size, k_size, generator=gen) * 0.05).to(w_dtype).to(DEVICE) for _ in range(2)
+        )
+        got = cuda_linear.dense_pair(p, x, w1, w2)
+        want = (cuda_linear.linear(p, x, w1), cuda_linear.linear(p, x, w2))
+        for g, ref in zip(got, want, strict=True):
+            assert g.shape == ref.shape and torch.equal(_bits(g), _bits(ref)), (k_size, rows)

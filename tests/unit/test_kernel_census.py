@@ -48,8 +48,9 @@ def test_norms_read_only_by_a_rope_share_its_launch(decode: dict) -> None:
     in one launch (platform/fusion.py); the compressor reads u and writes latent in their dtypes, the
     indexer's head weights go in as BF16: no cast left in the step. The FP8 linears that read one
     activation run in pairs (wq_a with wkv, the attention's wq_b with the indexer's, the shared expert's
-    w1 with w3); each compressor's norm runs in its compress launch. Bench model b1: 263 launches, 31.75
-    a decoder layer when this was written (issue 16 asks <= 40)."""
+    w1 with w3); each compressor's norm runs in its compress launch, and its two projections in one.
+    Bench model b1: 262 launches, 31.6 a decoder layer and at most 40 in any (the two KV sources) when
+    this was written (issue 16 asks <= 40 per layer)."""
     ops = decode["per_op"]
     assert ops["rms_norm_rope_qdq"] == {
         "equations": 8,
@@ -59,7 +60,10 @@ def test_norms_read_only_by_a_rope_share_its_launch(decode: dict) -> None:
     assert ops["rms_norm_rope"]["launches"] == 2 and "cast" not in ops
     assert ops["linear_pair"]["equations"] == 2 * 8 + 3  # three index layers pair their wq_b too
     assert ops["compress_norm"]["equations"] == 2 and "compress" not in ops  # the two KV sources
-    assert decode["launches"] <= 263 and decode["per_layer_mean"] <= 40
+    assert ops["compress_norm"]["kernels"]["triton:linear_kernel"] == 2  # ratio 2's wkv + wgate: one
+    assert decode["launches"] <= 262 and decode["per_layer_mean"] <= 40
+    layers = {k: v for k, v in decode["per_layer"].items() if k not in ("embed", "head", "step")}
+    assert max(layers.values()) <= 40, layers
 
 
 def test_step_level_work_is_counted_once_for_the_step(decode: dict) -> None:

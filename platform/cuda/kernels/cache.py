@@ -157,17 +157,21 @@ def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) 
     return _launch_paged(pool, values, *operands, entry_bytes=pool.shape[2], how=how)
 
 
-def _project(u: Tensor, w: Tensor) -> Tensor:
-    """`u [T, H] . w [D, H]^T` in f32 (IEEE f32 products of the operands read as f32), batch invariant: the
-    cuda linear kernel, else the cpu helper. The kernel reads a bf16 u as f32 itself when w is f32 (its
-    f32 dot); with a bf16 w too it would take bf16 tensor-core dots, so u is cast first."""
+def _project(u: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
+    """`u [T, H] . w [D, H]^T` for each weight, in f32 (IEEE f32 products of the operands read as f32),
+    batch invariant: the cuda linear kernel (a pair of weights in one launch), else the cpu helper. The
+    kernel reads a bf16 u as f32 itself when w is f32 (its f32 dot); with a bf16 w too it would take bf16
+    tensor-core dots, so u is cast first."""
     try:
-        from dsgraph.platform.cuda.kernels.linear import linear
+        from dsgraph.platform.cuda.kernels.linear import dense_pair, linear
     except ImportError:
-        return rowwise_linear(u, w)
-    if w.dtype != torch.float32:
+        return tuple(rowwise_linear(u, w) for w in weights)
+    if weights[0].dtype != torch.float32:
         u = u.float()
-    return linear(LinearParams(weight_format="dense", act_quant="none", out_dtype="f32"), u, w)
+    p = LinearParams(weight_format="dense", act_quant="none", out_dtype="f32")
+    if len(weights) == 2:
+        return dense_pair(p, u, *weights)
+    return (linear(p, u, weights[0]),)
 
 
 def _used_seqs(seq: Tensor, real: Tensor, num_seqs: int) -> Tensor:
@@ -294,8 +298,9 @@ def _compress(p: Any, operands: tuple[Tensor, ...], norm: Norm) -> tuple[Tensor,
     checked = should_check(u)
     if checked:  # its error for a bad seq_id; the rows' sequences for the checks below
         real, seq = real_rows("compress", seq_ids, seq_slot.shape[0])
-    kv, out = _project(u, wkv), to_torch(p.out_dtype)
+    out = to_torch(p.out_dtype)
     if p.ratio == 1:
+        (kv,) = _project(u, wkv)
         return _rows(kv, seq_ids, out, norm)
     wgate, state = operands[2], operands[3]
     _require_contiguous(state, "compress", "state")
@@ -304,7 +309,7 @@ def _compress(p: Any, operands: tuple[Tensor, ...], norm: Norm) -> tuple[Tensor,
         require_in_range("compress", seq_slot, state.shape[0], "seq_slot", active=used)
         closing = real & (positions % 2 == 1)
         rules_cache.check_closing_rows(positions, closing, per_row(seq_start, seq, real), seq)
-    gate = _project(u, wgate)
+    kv, gate = _project(u, wkv, wgate)  # one launch for both
     if not kv.shape[0]:
         return kv.to(out), seq_ids >= 0, state
     latent, closes, last = _pool(state, kv, gate, step, out, norm)
@@ -321,7 +326,7 @@ def window_compress(
     read no host value when unchecked (capturable)."""
     if not runs_kernels(u):
         return rules_window.window_compress_into(p, u, wkv, wgate, ape, state, *step)
-    return rules_window.pool_windows(p, _project(u, wkv), _project(u, wgate), ape, state, *step)
+    return rules_window.pool_windows(p, *_project(u, wkv, wgate), ape, state, *step)
 
 
 RULES: dict[str, Any] = {

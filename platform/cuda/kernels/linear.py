@@ -35,6 +35,7 @@ __all__ = [
     "RULES",
     "TILE_TABLE",
     "Tiles",
+    "dense_pair",
     "dot_kind",
     "grouped_linear",
     "k_splits",
@@ -78,6 +79,10 @@ DENSE_TILE_TABLE: tuple[tuple[int, Tiles], ...] = (
     (1 << 62, Tiles(128, 128, 32, 8, 4)),
 )
 
+
+# dense_pair's one launch: up to this many rows (the dense tiles of 64 rows; tests/cuda/hopper_compile.py
+# compiles them without spills)
+PAIR_MAX_ROWS = 64
 
 # K splits: decode (M <= 16) has ceil(N / 32) programs per group, too few to fill 132 SMs for the narrow
 # projections (72 for the shared experts' 2304 rows, 16 for the indexer's 512). K is cut into up to
@@ -175,6 +180,31 @@ def grouped_linear(p: Any, x: Tensor, w: Tensor, *scale: Tensor, tiles: Tiles | 
     n_size = w.shape[0] // groups
     out = _run(p, x.reshape(-1, groups, x.shape[-1]), w, scale, n_size, tiles)
     return out.reshape(*lead, groups, n_size)
+
+
+def dense_pair(p: Any, x: Tensor, w1: Tensor, w2: Tensor) -> tuple[Tensor, Tensor]:
+    """Two dense linears of one activation x [M, K] (a compressor's wkv and wgate): one launch of the dense
+    kernel when both weights have one dtype and take the same K splits (each output then has its own
+    launch's bits), for up to PAIR_MAX_ROWS rows (the large tile's pair spills registers on sm_90, and a
+    prefill chunk's launch count does not matter); else a launch each."""
+    k_size = x.shape[-1]
+    one = p.weight_format == "dense" and _uses_kernel(p, x) and w1.dtype == w2.dtype and x.dim() == 2
+    one = one and x.shape[0] <= PAIR_MAX_ROWS
+    if not one or k_splits(1, w1.shape[0], k_size) != k_splits(1, w2.shape[0], k_size):
+        return linear(p, x, w1), linear(p, x, w2)
+    from dsgraph.platform.cuda.kernels import linear_tl
+
+    x3 = x.reshape(-1, 1, k_size).contiguous()
+    outs = [
+        torch.empty((x3.shape[0], 1, w.shape[0]), dtype=to_torch(p.out_dtype), device=x.device)
+        for w in (w1, w2)
+    ]
+    if x3.shape[0]:
+        weights = ((w1.contiguous(), outs[0]), (w2.contiguous(), outs[1]))
+        tiles = tiles_for(x3.shape[0], dense=True)
+        kind = dot_kind(p.act_quant, x3, w1)
+        linear_tl.launch_weights(x3, weights, None, kind, tiles, k_splits(1, w1.shape[0], k_size))
+    return outs[0].reshape(-1, w1.shape[0]), outs[1].reshape(-1, w2.shape[0])
 
 
 def _one_launch(p: Any, x: Tensor, w1: Tensor, w2: Tensor) -> bool:

@@ -135,9 +135,11 @@ def store_tile(acc, out_ptr, part_ptr, count_ptr, offs, mask, split, size, SPLIT
 @triton.jit
 def linear_kernel(
     x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, m_size, n_size, x_stride_m, x_stride_g,
-    out_stride_m, out_stride_g, out_size, s_stride, K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
+    out_stride_m, out_stride_g, out_size, s_stride, w2_ptr, out2_ptr, part2_ptr, n2_size, out2_size,
+    K_SIZE: tl.constexpr, K_SPLIT: tl.constexpr,
     DOT_KIND: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PAIR: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ) -> None:  # fmt: skip
     """Grid (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), G * K_SIZE / K_SPLIT). x [M, G, K] (unit stride along K),
     W [G*N, K], scales [ceil(G*N/32), ceil(K/32)] UE8M0 bytes (HAS_SCALE), out [M, G, N] contiguous
@@ -146,10 +148,24 @@ def linear_kernel(
     the tile's last split adds them (`store_tile`; part_ptr: [splits, out_size] FP32, count_ptr: one
     zeroed int32 per tile); K_SPLIT == K_SIZE writes out directly.
     Whatever BLOCK_K, chunks of 32 columns are accumulated one at a time in increasing K order.
+    PAIR (one group, no scales): a second weight w2 (n2_size rows) read by the same x into its own out2
+    [M, 1, N2]: the grid's first cdiv(N, BLOCK_N) column tiles are the first weight's, the rest the
+    second's, each computed as a launch of its own weight computes it (the same bits, one launch).
     PDL: waits for the previous kernel itself (pdl_tl.enter), after asking L2 for the first PREFETCH
     bytes (a multiple of 16) of each of the program's weight rows (one row tile of M: the decode GEMVs)."""
     SPLITS: tl.constexpr = K_SIZE // K_SPLIT
     pid_n, pid_m, pid_gs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if PAIR:  # selects, not a branch (as linear_bf16_tl.gemm_kernel: an int argument of 1 is constexpr)
+        first_tiles = tl.cdiv(n_size, BLOCK_N)
+        second = pid_n >= first_tiles
+        pid_n = tl.where(second, pid_n - first_tiles, pid_n)
+        w_ptr, out_ptr, part_ptr = (
+            tl.where(second, w2_ptr, w_ptr),
+            tl.where(second, out2_ptr, out_ptr),
+            tl.where(second, part2_ptr, part_ptr),
+        )
+        out_stride_m = tl.where(second, n2_size, out_stride_m)  # one group: out_stride_g multiplies 0
+        out_size, n_size = tl.where(second, out2_size, out_size), tl.where(second, n2_size, n_size)
     g, split = pid_gs // SPLITS, pid_gs % SPLITS
     # int64 rows: a 64k-token prefill times a 32768-wide row passes 2^31 elements.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
@@ -184,26 +200,45 @@ def launch(
     BLOCK_N, BLOCK_K, num_warps, num_stages, ...). splits > 1 (K a multiple of BLOCK_K * splits): K is cut
     into that many equal ranges, summed into FP32 partials that the last range of each tile adds in order
     (linear.py picks splits from the weight's shape only)."""
+    launch_weights(x, ((w, out),), scale, dot_kind, tiles, splits)
+
+
+def launch_weights(
+    x: Tensor, weights: tuple[tuple[Tensor, Tensor], ...], scale: Tensor | None, dot_kind: int,
+    tiles: Sequence[Any], splits: int = 1,
+) -> None:  # fmt: skip
+    """`launch` for one (w, out), or for a pair of dense weights (no scale) read by the same x [M, 1, K]
+    in one launch, each out [M, 1, N_i] with the bits of a launch of its own (the caller gives both the
+    K splits of each)."""
     m_size, groups, k_size = x.shape
-    n_size = out.shape[2]
     block_m, block_n, block_k, num_warps, num_stages = tiles[:5]
     if splits < 1 or (splits > 1 and k_size % (block_k * splits)):
         raise ValueError(
             f"linear: {splits} K splits of K = {k_size}, expected K a multiple of BLOCK_K ({block_k}) "
             "times the splits"
         )
+    if len(weights) not in (1, 2) or (len(weights) == 2 and (groups != 1 or scale is not None)):
+        raise ValueError(
+            f"linear: one weight, or a dense pair over one group; got {len(weights)} over {groups}"
+        )
     k_split = k_size // splits
-    grid = (triton.cdiv(n_size, block_n), triton.cdiv(m_size, block_m), groups * splits)
+    (w, out), (w2, out2) = weights[0], weights[-1]
+    tiles_n = sum(triton.cdiv(o.shape[2], block_n) for _, o in weights)
+    grid = (tiles_n, triton.cdiv(m_size, block_m), groups * splits)
     part, counts = split_buffers(out, splits, grid)
+    part2 = split_buffers(out2, splits, grid)[0] if len(weights) == 2 else part
     pdl_args = pdl.launch()
-    row_bytes = w.element_size() * k_size
-    aligned = w.data_ptr() % 16 == 0 and row_bytes % 16 == 0 and (k_split * w.element_size()) % 16 == 0
+    aligned = (
+        all(t.data_ptr() % 16 == 0 and (k_size * t.element_size()) % 16 == 0 for t, _ in weights)
+        and (k_split * w.element_size()) % 16 == 0
+    )
     linear_kernel[grid](
-        x, w, scale if scale is not None else w, out, part, counts, m_size, n_size, x.stride(0), x.stride(1),
-        out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
+        x, w, scale if scale is not None else w, out, part, counts, m_size, out.shape[2], x.stride(0),
+        x.stride(1), out.stride(0), out.stride(1), out.numel(), scale.stride(0) if scale is not None else 0,
+        w2, out2, part2, out2.shape[2], out2.numel(),
         K_SIZE=k_size, K_SPLIT=k_split, DOT_KIND=dot_kind, HAS_SCALE=scale is not None,
         EVEN_K=k_split % block_k == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PREFETCH=pdl.prefetch_bytes() // 16 * 16 if aligned and grid[1] == 1 else 0,
+        PAIR=len(weights) == 2, PREFETCH=pdl.prefetch_bytes() // 16 * 16 if aligned and grid[1] == 1 else 0,
         num_warps=num_warps, num_stages=num_stages, **pdl_args,
     )  # fmt: skip
 
