@@ -35,7 +35,7 @@ __all__ = ["PREFETCH_ROW_BYTES", "launch", "on", "prefetch_bytes", "setting"]
 # slower still (bench/results/pdl-ab-H100-f248b22.json: 0.87x at b1).
 PREFETCH_ROW_BYTES = 1024
 
-_forced: list[tuple[bool, int]] = []  # `setting`'s stack: its innermost value overrides the defaults
+_forced: list[tuple[bool, int, bool]] = []  # `setting`'s stack: its innermost value overrides the defaults
 
 
 @cache
@@ -55,8 +55,12 @@ def on() -> bool:
 
 def launch() -> dict[str, Any]:
     """The extra launch arguments of a kernel that calls pdl_tl.enter(PDL): {PDL, launch_pdl} when `on`,
-    else none (its PDL constexpr defaults to off)."""
-    return {"PDL": True, "launch_pdl": True} if on() else {}
+    else none (its PDL constexpr defaults to off). PDL is 1 (wait, then let the next kernel launch) or,
+    under `setting(..., early=False)`, 2 (wait only: pdl_tl.enter)."""
+    if not on():
+        return {}
+    early = _forced[-1][2] if _forced else True
+    return {"PDL": 1 if early else 2, "launch_pdl": True}
 
 
 def prefetch_bytes() -> int:
@@ -67,11 +71,11 @@ def prefetch_bytes() -> int:
 
 
 @contextmanager
-def setting(on: bool, prefetch: int = PREFETCH_ROW_BYTES) -> Iterator[None]:
-    """PDL on or off (and the GEMMs' prefetch bytes per row) for the launches inside, whatever
-    DSGRAPH_PDL says: a bench comparing them in one process (a captured bucket keeps the launches of its
-    capture)."""
-    _forced.append((on, prefetch))
+def setting(on: bool, prefetch: int = PREFETCH_ROW_BYTES, early: bool = True) -> Iterator[None]:
+    """PDL on or off (the GEMMs' prefetch bytes per row; whether a kernel lets the next one launch as soon
+    as it passed its wait) for the launches inside, whatever DSGRAPH_PDL says: a bench comparing them in
+    one process (a captured bucket keeps the launches of its capture)."""
+    _forced.append((on, prefetch, early))
     try:
         yield
     finally:

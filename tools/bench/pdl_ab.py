@@ -19,23 +19,26 @@ import torch
 CONTEXT = 8192
 
 
-def _settings() -> dict[str, tuple[bool, int]]:
+def _settings() -> dict[str, tuple[bool, int, bool]]:
     from dsgraph.platform.cuda.pdl import PREFETCH_ROW_BYTES
 
-    # name -> (PDL on, GEMM weight prefetch bytes per row)
-    # (the last: each program's whole K range, as 40764c0 did)
+    # name -> pdl.setting's (on, prefetch bytes per row, early trigger); "pdl_late": each kernel only
+    # waits, so the next launches when its programs have exited (f248b22 also had a whole-row prefetch)
     return {
-        "plain": (False, 0),
-        "pdl": (True, 0),
-        "pdl_prefetch": (True, PREFETCH_ROW_BYTES),
-        "pdl_prefetch_whole_rows": (True, 1 << 30),
+        "plain": (False, 0, True),
+        "pdl": (True, 0, True),
+        "pdl_late": (True, 0, False),
+        "pdl_prefetch": (True, PREFETCH_ROW_BYTES, True),
     }
 
 
 def _one_setting(model: Any, weights: Any, batches: tuple[int, ...], context: int, repeats: int, how: tuple):
-    """{batch: (ms, logits)} of a session whose buckets are captured with `how`."""
+    """{batch: (ms, logits, the captured kernels' profile at batch 1)} of a session whose buckets are
+    captured with `how`. With PDL a kernel's time includes its wait for the one before, so the profile's
+    kernel_ms above the step time is their overlap."""
     from dsgraph.platform.cuda import pdl
     from dsgraph.tools.bench.model_bench import fill_caches, session_for
+    from dsgraph.tools.bench.profile import captured_kernels
     from dsgraph.tools.bench.steps import decode_step
     from dsgraph.tools.bench.timing import time_ms
 
@@ -46,7 +49,9 @@ def _one_setting(model: Any, weights: Any, batches: tuple[int, ...], context: in
         step = decode_step(model, b, context)
         with pdl.setting(*how):  # the bucket is captured at its first run
             logits = session.run(step).cpu()
-        out[b] = (time_ms(lambda step=step, s=session: s.run(step), warmup=3, repeats=repeats), logits)
+        ms = time_ms(lambda step=step, s=session: s.run(step), warmup=3, repeats=repeats)
+        kernels = captured_kernels(lambda step=step, s=session: s.run(step), top=25) if b == 1 else None
+        out[b] = (ms, logits, kernels)
     del session
     torch.cuda.empty_cache()
     return out
@@ -69,24 +74,28 @@ def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> d
     rows = []
     for b in batches:
         nbytes = decode_bytes(model, weights, b, context)
-        plain_ms, plain_logits = runs["plain"][b]
+        plain_ms, plain_logits, _ = runs["plain"][b]
         row: dict[str, Any] = {"batch": b, "context": context}
         for name, per_batch in runs.items():
-            ms, logits = per_batch[b]
+            ms, logits, kernels = per_batch[b]
             row[name] = {
                 "ms": ms,
                 "speedup_over_plain": plain_ms / ms,
                 "fraction_of_copy": nbytes / (ms * 1e-3) / 1e9 / copy_gbps,
                 "same_logits_as_plain": bool(torch.equal(logits, plain_logits)),
+                **({"captured_kernels": kernels} if kernels else {}),
             }
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps(row)[:2000], flush=True)
     return {
         "gpu": device_name("cuda"),
         "commit": commit(),
         "copy_gbps": copy_gbps,
         "model": "bench-8-layer",
-        "settings": {k: {"pdl": v[0], "prefetch_row_bytes": v[1]} for k, v in _settings().items()},
+        "settings": {
+            k: {"pdl": v[0], "prefetch_row_bytes": v[1], "early_trigger": v[2]}
+            for k, v in _settings().items()
+        },
         "decode": rows,
     }
 

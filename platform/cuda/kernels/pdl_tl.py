@@ -2,8 +2,10 @@
 
 `enter(PDL)` at the top of a kernel, before its first load of anything another kernel wrote: wait until
 the kernel before it in the stream has finished and its writes are visible (griddepcontrol.wait), then
-let the next kernel launch (griddepcontrol.launch_dependents). Letting it launch only after the wait keeps
-one kernel in flight ahead, never a chain of waiting ones holding the SMs. Weights, which no kernel
+(PDL == 1) let the next kernel launch (griddepcontrol.launch_dependents). Letting it launch only after the
+wait keeps one kernel in flight ahead, never a chain of waiting ones holding the SMs. PDL == 2 waits but
+never signals: the next kernel then launches when this one's programs have all exited (the implicit
+trigger), which overlaps only its launch with this one's end. Weights, which no kernel
 writes, may be read before `enter`: `prefetch_l2` asks for a program's weight bytes while the previous
 kernel still runs, so the GEMM's loads after the wait find them in L2.
 Both instructions are no-ops in a launch without PDL, but Triton's interpreter has neither, so PDL is a
@@ -20,7 +22,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 def enter(PDL: tl.constexpr) -> None:
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
+        if PDL == 1:
+            gdc_launch_dependents()
 
 
 @triton.jit
