@@ -199,11 +199,13 @@ class EngineLoop:
 
     def _step(self) -> None:
         for event in self.engine.step():
-            sink = self._sinks.get(event.rid)
+            # a finished request leaves the running ones before its last event goes out: the handler (on
+            # the server's event loop) may end its stream, and a drain waiting on it look at num_running,
+            # before this thread gets back here
+            sink = self._sinks.pop(event.rid, None) if event.finished else self._sinks.get(event.rid)
             if sink is not None:
                 sink(event)
             if event.finished:
-                self._sinks.pop(event.rid, None)
                 self.engine.release(event.rid)  # its events carried everything the handler needs
 
     def _usage(self) -> Usage:
