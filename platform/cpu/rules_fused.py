@@ -44,16 +44,19 @@ def encode_paged_write(p: Any, pool: Tensor, values: Tensor, *operands: Tensor) 
     return rules_cache.paged_write(None, pool, rules_quant.cache_encode(p, values), *operands)
 
 
-def compress_norm(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
-    """compress (its state copied, as its pure rule does), then the norm of its latent."""
-    outs = rules_cache.compress(compress_params(p), *operands[:-1])
-    return (rms_norm(RMSNormParams(eps=p.eps), outs[0], operands[-1]), *outs[1:])
+def _compress_then_norm(compress: Any) -> Any:
+    """compress_norm's rule over a compress rule: `rules_cache.compress` (its state copied, the pure rule)
+    or `compress_into` (the state written in place, for the platforms that update caches in place)."""
+
+    def rule(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
+        outs = compress(compress_params(p), *operands[:-1])
+        return (rms_norm(RMSNormParams(eps=p.eps), outs[0], operands[-1]), *outs[1:])
+
+    return rule
 
 
-def compress_norm_into(p: Any, *operands: Tensor) -> tuple[Tensor, ...]:
-    """compress_norm writing the state operand in place (the platforms that update caches in place)."""
-    outs = rules_cache.compress_into(compress_params(p), *operands[:-1])
-    return (rms_norm(RMSNormParams(eps=p.eps), outs[0], operands[-1]), *outs[1:])
+compress_norm = _compress_then_norm(rules_cache.compress)
+compress_norm_into = _compress_then_norm(rules_cache.compress_into)
 
 
 def then_qdq(p: Any, y: Tensor, act_qdq: Any = rules_quant.act_qdq) -> Tensor | tuple[Tensor, Tensor]:

@@ -4,8 +4,10 @@ followed by a small element-wise kernel, 112 launches captured in one CUDA graph
 with PDL and a register prefetch of each program's first weight tile, with PDL and an L2 bulk prefetch
 of its whole rows, and with that prefetch alone. Prints and saves JSON with each chain's time and its
 weight bytes over the time against the copy bandwidth measured in the same run. (The split GEMVs add
-with atomics, so the chains' last bits differ from run to run: this compares times only; "same_result"
-is the largest difference from the plain chain.) The model's
+with atomics, so the chains' last bits differ from run to run: this compares times only.) The run in
+bench/results/pdl-chain-H100-40764c0.json timed each chain inline (the fastest of 5 rounds of 50 replays,
+plus a repeat of "off" and its last outputs' differences); it now uses the bench's calibration and graph
+timing. The model's
 own step with and without PDL is tools/bench/pdl_ab.py.
 
     python -m dsgraph.tools.bench.pdl_chain bench/results/pdl-chain.json
@@ -19,18 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes):
-    """cp.async.bulk.prefetch.L2 of nbytes (multiple of 16) at each pointer (16-byte aligned)."""
-    return tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
-        "=r,l,r",
-        [ptrs, nbytes],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+from dsgraph.platform.cuda.kernels.pdl_tl import prefetch_l2
 
 
 @triton.jit
@@ -76,7 +67,7 @@ def gemv(
 
 
 @triton.jit
-def ew(src_ptr, dst_ptr, n_size, BLOCK: tl.constexpr, PDL: tl.constexpr, ZERO_PTR_OK: tl.constexpr):
+def ew(src_ptr, dst_ptr, n_size, BLOCK: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -115,7 +106,7 @@ def chain(ws, shapes, x, bufs, pdl, prefetch):
                 src = obf
             else:
                 ew[(triton.cdiv(n, 1024),)](
-                    o32, o32, 0, BLOCK=1024, PDL=pdl, ZERO_PTR_OK=True, num_warps=4, launch_pdl=pdl
+                    o32, o32, 0, BLOCK=1024, PDL=pdl, num_warps=4, launch_pdl=pdl
                 )  # stand-in for the zeroing launch
                 o32.zero_()
                 gemv[(n // 64, splits)](
@@ -133,89 +124,43 @@ def chain(ws, shapes, x, bufs, pdl, prefetch):
                     launch_pdl=pdl,
                 )
                 src = o32
-            ew[(triton.cdiv(n, 1024),)](
-                src, obf, n, BLOCK=1024, PDL=pdl, ZERO_PTR_OK=False, num_warps=4, launch_pdl=pdl
-            )
+            ew[(triton.cdiv(n, 1024),)](src, obf, n, BLOCK=1024, PDL=pdl, num_warps=4, launch_pdl=pdl)
             h = obf
     return h
 
 
-def time_graph(fn, reps=50):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / reps)
-    return min(ts), g
+def main() -> None:
+    from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps
+    from dsgraph.tools.bench.timing import graph_time_ms
 
-
-def main():
     dev = "cuda"
-    # decode-like: (N, K, splits) rows x cols of FP8 weight per GEMV, chained through a small elementwise op
-    shapes = [(1280, 5120, 1), (4096, 1280, 1), (5120, 4096, 4), (2304, 5120, 4), (5120, 2304, 1)]
-    shapes = [(n, k, s) for n, k, s in shapes]
-    # each GEMV's input width is the previous output width: 5120->1280->4096->5120->2304->5120
+    # (N, K, splits) of each FP8 GEMV, whose input width is the previous one's output width:
+    # 5120 -> 1280 -> 4096 -> 5120 -> 2304 -> 5120, each followed by a small element-wise launch
     cyc = [(1280, 5120, 1), (4096, 1280, 1), (5120, 4096, 4), (2304, 5120, 4), (5120, 2304, 1)]
     layers = 8
     ws = build(cyc, layers, dev)
     bufs = [(torch.zeros(n, device=dev), torch.zeros(n, device=dev, dtype=torch.bfloat16)) for n, _, _ in cyc]
     x = torch.randn(5120, device=dev, dtype=torch.bfloat16)
     nbytes = sum(n * k for n, k, _ in cyc) * layers
-    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(big)
-    for _ in range(3):
-        dst.copy_(big)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(True), torch.cuda.Event(True)
-    a.record()
-    [dst.copy_(big) for _ in range(10)]
-    b.record()
-    torch.cuda.synchronize()
-    copy_gbps = 2 * (1 << 30) * 10 / (a.elapsed_time(b) / 1e3) / 1e9
+    copy_gbps = copy_bandwidth_gbps()
     res = {
         "gpu": torch.cuda.get_device_name(),
         "copy_gbps": copy_gbps,
         "weight_bytes": nbytes,
         "kernels": layers * (len(cyc) * 2 + 2 * sum(1 for c in cyc if c[2] > 1)),
     }
-    outs = {}
     for name, pdl, pre in (
         ("off", False, 0),
         ("pdl", True, 0),
         ("pdl_prefetch", True, 1),
         ("pdl_l2", True, 2),
         ("off_l2", False, 2),
-        ("off2", False, False),
     ):
         try:
-            ms, g = time_graph(lambda pdl=pdl, pre=pre: chain(ws, cyc, x, bufs, pdl, pre))
-            g.replay()
-            torch.cuda.synchronize()
-            outs[name] = bufs[-1][1].float().clone()
-            res[name] = {"ms": ms, "fraction_of_copy": nbytes / (ms / 1e3) / (copy_gbps * 1e9) * 2 / 2}
-        except Exception as e:  # noqa
+            ms = graph_time_ms(lambda pdl=pdl, pre=pre: chain(ws, cyc, x, bufs, pdl, pre), repeats=50)
+            res[name] = {"ms": ms, "fraction_of_copy": nbytes / (ms / 1e3) / (copy_gbps * 1e9)}
+        except Exception as e:  # noqa: BLE001  (one setting failing must not cost the others)
             res[name] = {"error": repr(e)[:400]}
-    ref = outs.get("off")
-    if ref is not None:
-        res["same_result"] = {
-            k: bool(torch.equal(v, ref)) if k in ("pdl",) else float((v - ref).abs().max())
-            for k, v in outs.items()
-        }
     print(json.dumps(res, indent=1))
     if len(sys.argv) > 1:
         open(sys.argv[1], "w").write(json.dumps(res, indent=1))
