@@ -145,13 +145,16 @@ class EngineLoop:
                     return
             except BaseException as exc:
                 self.error = exc
-                self._fail_running(exc)
                 try:
                     self._reset_engine()
                 except BaseException:
+                    self._fail_running(exc)
                     self._fail_queued(exc)
                     return  # dead for good: add() raises EngineDead, /health reports it
+                # counted before the running requests hear of the failure: a handler on the server's
+                # event loop may answer its client, which may read the count, before this thread goes on
                 self.restarts += 1
+                self._fail_running(exc)
                 self.error = None  # queued adds are served by the restarted loop
 
     def _serve(self) -> bool:
