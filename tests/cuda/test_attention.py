@@ -214,6 +214,30 @@ def test_real_widths_against_the_cpu_rule(num_seqs: int, rows_per_seq: int) -> N
     assert torch.equal(decode, prefill), "the decode and prefill paths must give the same bits"
 
 
+@pytest.mark.gpu
+def test_the_ptx_key_decode_gives_the_plain_decodes_bits() -> None:
+    """The pool's NVFP4 keys decoded by PTX in BF16 (TILES.key_ptx) and in f32 then rounded (key_ptx off):
+    every code with every finite E4M3 scale byte (subnormal scales and 448 included) gives the same
+    outputs bit for bit, on both paths."""
+    seqs = [(1, 1000 + 700 * s, 0) for s in range(6)] + [(3, 2500, 100)]
+    p, args = _step(seqs, heads=64, width=512, window=128, topk=512, dtype=torch.bfloat16, seed=9,
+                    block_size=64, table_width=100)  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    pool = args[9]
+    pool[..., :256] = torch.randint(0, 256, pool[..., :256].shape, generator=g, dtype=torch.uint8)
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    pool[..., 256:] = finite[torch.randint(0, finite.numel(), pool[..., 256:].shape, generator=g)]
+    device_args = on_device(args)
+    plain = replace(cuda_attention.TILES, key_ptx=False)
+    for split in (True, False):
+        outs = [
+            cuda_attention.launch(p, *device_args[:4], tuple(device_args[4:]), split=split, tiling=t)
+            for t in (cuda_attention.TILES, plain)
+        ]
+        assert torch.isfinite(outs[1].float()).all()
+        assert torch.equal(outs[0], outs[1]), f"split={split}: the PTX decode changed the bits"
+
+
 def test_the_cuda_platform_runs_this_rule() -> None:
     from dsgraph.platform.cuda.target import PLATFORM
 

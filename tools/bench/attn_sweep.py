@@ -45,7 +45,10 @@ def tilings() -> dict[str, Any]:
     """name -> attention.Tiles: the rule's default ("current") and the candidates compared with it."""
     from dsgraph.platform.cuda.kernels.attention import TILES, Tiles
 
-    return {"current": TILES, "split2": Tiles(split_tiles=2), "h16w4": Tiles(block_h=16, num_warps=4)}
+    return {
+        "current": TILES, "no_key_ptx": Tiles(key_ptx=False), "w4": Tiles(num_warps=4),
+        "split2": Tiles(split_tiles=2),
+    }  # fmt: skip
 
 
 def _case(batch: int) -> SparseDecodeCase:
@@ -174,7 +177,8 @@ def _warm_all(names: list[str], jobs: int, timeout: float) -> dict[str, str]:
 
 SM90 = ("cuda", 90, 32)
 STEP = ("pos_ptr", "seq_ptr", "slot_ptr", "start_ptr", "first_ptr", "table_ptr", "topk_ptr")
-SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "block_size", "table_width", "topk_width")
+SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "table_width", "topk_width")
+PAGE = 16  # the pool's block size (a constexpr of the kernels): EngineConfig.cache.page_size's default
 
 
 COUNTED = (
@@ -247,7 +251,8 @@ def static(names: list[str]) -> dict[str, Any]:
         t = tilings()[name]
         splits = A.num_splits(128, 512, t.block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, HEAD_DIM=512, BLOCK_H=t.block_h, BLOCK_C=256,
-                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True, DOT=1)  # fmt: skip
+                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True, DOT=3 if t.key_ptx else 1,
+                    DRAFT=0, PDL=False, block_size=PAGE)  # fmt: skip
         options: dict[str, Any] = {"num_warps": t.num_warps}
         if t.num_stages is not None:
             options["num_stages"] = t.num_stages

@@ -47,6 +47,7 @@ class Tiles:
     num_warps: int = 8
     num_stages: int | None = None  # Triton's software pipelining depth (None: its default)
     decode_max_rows: int = 32  # up to this many rows: split programs + merge; beyond: one per row
+    key_ptx: bool = True  # bf16 queries: the pool's NVFP4 keys decoded by PTX (attention_tl.e2m1_bf16_pairs)
 
 
 # 64 heads per program (wgmma, each key tile decoded once for all heads) faulted with an illegal memory
@@ -75,6 +76,13 @@ def dot_kind(dtype: torch.dtype) -> int:
     if dtype == torch.float32:
         return 0
     return 2 if interpreting() else 1
+
+
+def attention_dot(dtype: torch.dtype, key_ptx: bool) -> int:
+    """dot_kind, or 3 for bf16 on a GPU with `key_ptx`: native bf16 dots with the pool's keys decoded by
+    PTX (attention_tl.e2m1_bf16_pairs: the same key values, so the same bits)."""
+    kind = dot_kind(dtype)
+    return 3 if kind == 1 and key_ptx and dtype == torch.bfloat16 else kind
 
 
 def should_check(t: Tensor) -> bool:
@@ -161,8 +169,8 @@ def launch(
     step = tuple(t.contiguous() for t in (*operands[:5], block_table, topk))
     meta = dict(
         NUM_SPLITS=splits, WINDOW=p.window, HEAD_DIM=width, BLOCK_H=block_h, BLOCK_C=block_c,
-        BLOCK_N=block_n, SPLIT_TILES=tiling.split_tiles, HAS_POOL=has_pool, DOT=dot_kind(q.dtype),
-        DRAFT=draft, num_warps=tiling.num_warps,
+        BLOCK_N=block_n, SPLIT_TILES=tiling.split_tiles, HAS_POOL=has_pool,
+        DOT=attention_dot(q.dtype, tiling.key_ptx), DRAFT=draft, num_warps=tiling.num_warps,
     )  # fmt: skip
     if tiling.num_stages is not None:
         meta["num_stages"] = tiling.num_stages

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from dsgraph.platform.cuda.kernels import pdl_tl
-from dsgraph.platform.cuda.kernels.quant_tl import e8m0_to_f32
+from dsgraph.platform.cuda.kernels.quant_tl import E2M1_PAIRS_ASM, e8m0_to_f32
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -67,11 +67,32 @@ def e4m3_to_f32(byte: tl.tensor) -> tl.tensor:
 
 
 @triton.jit
+def bf16_pair(byte: tl.tensor) -> tl.tensor:
+    """E4M3 bytes -> int32 words holding the value as BF16 twice (exact: BF16 holds every E4M3 value)."""
+    half = e4m3_to_f32(byte).to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return half * 0x10001
+
+
+@triton.jit
+def e2m1_bf16_pairs(packed: tl.tensor, scale: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
+    """Packed E2M1 bytes and each byte's E4M3 scale as bf16_pair -> (low nibbles, high nibbles) as BF16 values
+    times the scale, exactly (a code has 2 significant bits and a scale 4: the product fits BF16's 8, and
+    E4M3's range sits inside BF16's), through quant_tl's PTX, which gives each byte a BF16x2 register."""
+    words = tl.inline_asm_elementwise(
+        E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, scale], dtype=tl.int32, is_pure=True, pack=4
+    )
+    low = (words & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    high = (words >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return low, high
+
+
+@triton.jit
 def low_dot(a, b, DOT: tl.constexpr):
-    """a @ b with f32 accumulation. DOT 0: IEEE f32 operands; 1: a and b already in bf16/f16; 2: the
-    same values widened to f32 (the interpreter computes bf16 dots wrongly; products of bf16 values are
-    exact in f32, so only the order of the sum differs from the GPU)."""
-    if DOT == 1:
+    """a @ b with f32 accumulation. DOT 0: IEEE f32 operands; 1: a and b already in bf16/f16 (3: bf16, the
+    pool's keys decoded by PTX, e2m1_bf16_pairs); 2: the same values widened to f32 (the interpreter
+    computes bf16 dots wrongly; products of bf16 values are exact in f32, so only the order of the sum
+    differs from the GPU)."""
+    if DOT == 1 or DOT == 3:
         return tl.dot(a, b)
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -80,7 +101,7 @@ def low_dot(a, b, DOT: tl.constexpr):
 @triton.jit
 def low_dot_acc(a, b, acc, DOT: tl.constexpr):
     """acc + a @ b, as low_dot."""
-    if DOT == 1:
+    if DOT == 1 or DOT == 3:
         return tl.dot(a, b, acc)
     else:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -121,15 +142,27 @@ def finish(m, lsum, acc, sink_log2):
 
 
 @triton.jit
+def group_bytes(at, rows, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr,
+                SPAN: tl.constexpr):  # fmt: skip
+    """Scale bytes at[n, g] (g < GROUPS) of the BLOCK_C // SPAN groups of a tile -> [BLOCK_N, BLOCK_C //
+    SPAN] (0 past the last group or where not `rows`): one load per group."""
+    g = tl.arange(0, BLOCK_C // SPAN)
+    return tl.load(at + g[None, :], mask=rows[:, None] & (g < GROUPS)[None, :], other=0)
+
+
+@triton.jit
+def spread(x, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, SPAN: tl.constexpr):
+    """[BLOCK_N, BLOCK_C // SPAN] group values -> [BLOCK_N, BLOCK_C], each over its SPAN half-columns (a 3-d
+    broadcast and reshape: widened in registers)."""
+    G: tl.constexpr = BLOCK_C // SPAN
+    return tl.reshape(tl.broadcast_to(x[:, :, None], (BLOCK_N, G, SPAN)), (BLOCK_N, BLOCK_C))
+
+
+@triton.jit
 def group_scales(at, rows, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, GROUPS: tl.constexpr,
                  SPAN: tl.constexpr):  # fmt: skip
-    """Scale bytes at[n, g] (g < GROUPS) spread over half-columns c = g*SPAN .. (g+1)*SPAN - 1 -> [BLOCK_N,
-    BLOCK_C] bytes (0 past the last group or where not `rows`): one load per group, widened in registers
-    (a 3-d broadcast and reshape)."""
-    G: tl.constexpr = BLOCK_C // SPAN
-    g = tl.arange(0, G)
-    byte = tl.load(at + g[None, :], mask=rows[:, None] & (g < GROUPS)[None, :], other=0)
-    return tl.reshape(tl.broadcast_to(byte[:, :, None], (BLOCK_N, G, SPAN)), (BLOCK_N, BLOCK_C))
+    """group_bytes spread over their half-columns c = g*SPAN .. (g+1)*SPAN - 1: [BLOCK_N, BLOCK_C] bytes."""
+    return spread(group_bytes(at, rows, BLOCK_N, BLOCK_C, GROUPS, SPAN), BLOCK_N, BLOCK_C, SPAN)
 
 
 @triton.jit
@@ -180,7 +213,7 @@ def entry_rows(table_ptr, topk_ptr, t, s, j, real, topk_width, block_size, table
 @triton.jit
 def pool_tile(
     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size, table_width,
-    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    num_blocks, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Selected entries g = topk[t, j] (j = tile*BLOCK_N ..) decoded from pool[table[s, g // bs], g % bs]:
     (even half, odd half [BLOCK_N, BLOCK_C] f32, valid [BLOCK_N]); absent (-1) or unplaceable entries
@@ -192,10 +225,16 @@ def pool_tile(
     row = tl.where(valid, row, 0).to(tl.int64)
     entry = pool_ptr + (row * (HEAD_DIM // 2 + HEAD_DIM // 16))[:, None]
     mask = valid[:, None] & cmask[None, :]
-    packed = tl.load(entry + c[None, :], mask=mask, other=0).to(tl.int32)
-    scale = group_scales(entry + HEAD_DIM // 2, valid, BLOCK_N, BLOCK_C, HEAD_DIM // 16, 8)
-    scale = e4m3_to_f32(scale) * 16384.0
-    return e2m1_scaled(packed & 15, scale), e2m1_scaled(packed >> 4, scale), valid
+    packed = tl.load(entry + c[None, :], mask=mask, other=0)
+    scale = group_bytes(entry + HEAD_DIM // 2, valid, BLOCK_N, BLOCK_C, HEAD_DIM // 16, 8)
+    if ASM:
+        k_e, k_o = e2m1_bf16_pairs(packed, spread(bf16_pair(scale), BLOCK_N, BLOCK_C, 8))
+    else:
+        scale = spread(scale, BLOCK_N, BLOCK_C, 8)
+        packed = packed.to(tl.int32)
+        scale = e4m3_to_f32(scale) * 16384.0
+        k_e, k_o = e2m1_scaled(packed & 15, scale), e2m1_scaled(packed >> 4, scale)
+    return k_e, k_o, valid
 
 
 @triton.jit
@@ -258,7 +297,7 @@ def split_state(
             if tile * BLOCK_N < topk_width:  # uniform: the last split may hold fewer tiles
                 k_e, k_o, valid = pool_tile(
                     pool_ptr, table_ptr, topk_ptr, tile, t, s, real, c, cmask, topk_width, block_size,
-                    table_width, num_blocks, HEAD_DIM, BLOCK_N, BLOCK_C,
+                    table_width, num_blocks, HEAD_DIM, BLOCK_N, BLOCK_C, DOT == 3,
                 )  # fmt: skip
                 m, lsum, acc = online_update(q_e, q_o, k_e, k_o, valid, parity, m, lsum, acc, scale_log2, DOT)
     return m, lsum, acc
@@ -269,7 +308,7 @@ def split_kernel(
     q_ptr, kv_ptr, ring_ptr, pool_ptr,
     pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
     m_ptr, l_ptr, acc_ptr,
-    num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
+    num_rows, num_heads, ring_len, num_blocks, block_size: tl.constexpr, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
     DOT: tl.constexpr, DRAFT: tl.constexpr = 0, PDL: tl.constexpr = False,
@@ -343,7 +382,7 @@ def fused_kernel(
     q_ptr, kv_ptr, ring_ptr, pool_ptr, sink_ptr,
     pos_ptr, seq_ptr, slot_ptr, start_ptr, first_ptr, table_ptr, topk_ptr,
     out_ptr,
-    num_rows, num_heads, ring_len, num_blocks, block_size, table_width, topk_width, scale_log2,
+    num_rows, num_heads, ring_len, num_blocks, block_size: tl.constexpr, table_width, topk_width, scale_log2,
     NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_TILES: tl.constexpr, HAS_POOL: tl.constexpr,
     DOT: tl.constexpr, DRAFT: tl.constexpr = 0, PDL: tl.constexpr = False,

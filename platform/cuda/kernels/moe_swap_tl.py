@@ -31,7 +31,13 @@ from torch import Tensor
 
 from dsgraph.platform.cuda import pdl
 from dsgraph.platform.cuda.kernels import pdl_tl
-from dsgraph.platform.cuda.kernels.quant_tl import fp8_g32_grid, round_f32_to, swiglu_f32
+from dsgraph.platform.cuda.kernels.quant_tl import (
+    E2M1_PAIRS_ASM,
+    E2M1_PAIRS_ASM_ONE,
+    fp8_g32_grid,
+    round_f32_to,
+    swiglu_f32,
+)
 
 
 @triton.jit
@@ -114,33 +120,9 @@ def _dequantize(words, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, WIDE: tl
     return w
 
 
-# Four E2M1 bytes ($4) and each byte's scale as a BF16x2 pair ($5..$8, byte i's in $5+i) -> per byte i
-# the BF16x2 register $i of (low nibble's value, high nibble's value), the pair of consecutive columns the
-# dot's operand register holds, so nothing repacks them. Which 32-code group a packed byte belongs to
-# depends on the register layout Triton picks, so every byte takes its own scale. The word shifted by 4
-# holds each byte's low nibble where the plain byte holds its high one (bits 4..7): one PRMT takes byte i
-# shifted into the low half and plain into the high half, and a mask, one multiply (by 0x104: two copies
-# of each masked nibble, magnitude at bits 6..8 and sign at 15 of its half) and a mask form two BF16s of
-# value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals). ONE: the scale pair is 2^(s-1), which
-# BF16 holds for s <= 128, and one exact multiply gives value x 2^(s-127); else x 2^126, then x 2^(s-127).
-def _e2m1_pairs_asm(one: bool) -> str:
-    """The PTX of _E2M1_PAIRS_ASM (_ONE with one): a shift, then 5 (one) or 6 instructions per byte."""
-    lines = ["{", ".reg .b32 u, t, c;", "mov.b32 c, 0x7E807E80;", "shl.b32 u, $4, 4;"]
-    for i in range(4):
-        lines += [f"prmt.b32 t, u, $4, 0x{4 + i}{4 + i}{i}{i};", "and.b32 t, t, 0x00F000F0;"]
-        lines += ["mul.lo.u32 t, t, 0x104;", "and.b32 t, t, 0x81C081C0;"]
-        lines += [] if one else ["mul.rn.bf16x2 t, t, c;"]
-        lines += [f"mul.rn.bf16x2 ${i}, t, ${5 + i};"]
-    return "\n".join([*lines, "}"])
-
-
-_E2M1_PAIRS_ASM = tl.constexpr(_e2m1_pairs_asm(False))
-_E2M1_PAIRS_ASM_ONE = tl.constexpr(_e2m1_pairs_asm(True))
-
-
 @triton.jit
 def _asm_scales(s, ONE: tl.constexpr):
-    """UE8M0 bytes -> the scale pairs of _E2M1_PAIRS_ASM(_ONE) as BF16 bits twice: ONE: 2^(s-1), exponent
+    """UE8M0 bytes -> the scale pairs of E2M1_PAIRS_ASM(_ONE) as BF16 bits twice: ONE: 2^(s-1), exponent
     field s + 126 (s <= 128); else 2^(s-127), exponent field s except for byte 0 (2^-127, a subnormal)
     and 255 (NaN)."""
     s = s.to(tl.int32) & 0xFF
@@ -154,17 +136,17 @@ def _asm_scales(s, ONE: tl.constexpr):
 @triton.jit
 def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, ONE: tl.constexpr):
     """Packed bytes [BLOCK_W, BLOCK_K // 2] and UE8M0 scales [BLOCK_W, BLOCK_K // 32] -> [BLOCK_W, BLOCK_K]
-    BF16 through _E2M1_PAIRS_ASM (four bytes and their four scales per call); ONE only where every scale
+    BF16 through E2M1_PAIRS_ASM (four bytes and their four scales per call); ONE only where every scale
     byte of the weights is at most 128 (the launch's ONE: moe.py checks the scales once per tensor)."""
     f = _asm_scales(s, ONE)
     f = tl.reshape(tl.broadcast_to(f[:, :, None], (BLOCK_W, BLOCK_K // 32, 16)), (BLOCK_W, BLOCK_K // 2))
     if ONE:
         pairs = tl.inline_asm_elementwise(
-            _E2M1_PAIRS_ASM_ONE, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
+            E2M1_PAIRS_ASM_ONE, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
         )
     else:
         pairs = tl.inline_asm_elementwise(
-            _E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
+            E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
         )
     # the halves of one register: the compiler hands the register to the dot as it is
     lo = (pairs & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)

@@ -151,3 +151,28 @@ def swiglu_f32(g, v, limit) -> tl.tensor:
     nan: tl.constexpr = tl.PropagateNan.ALL
     v = tl.minimum(tl.maximum(v, -limit, propagate_nan=nan), limit, propagate_nan=nan)
     return silu_f32(tl.minimum(g, limit, propagate_nan=nan)) * v
+
+
+# Four E2M1 bytes ($4) and each byte's scale as a BF16x2 pair ($5..$8, byte i's in $5+i) -> per byte i
+# the BF16x2 register $i of (low nibble's value, high nibble's value), the pair of consecutive columns the
+# dot's operand register holds, so nothing repacks them. Which 32-code group a packed byte belongs to
+# depends on the register layout Triton picks, so every byte takes its own scale. The word shifted by 4
+# holds each byte's low nibble where the plain byte holds its high one (bits 4..7): one PRMT takes byte i
+# shifted into the low half and plain into the high half, and a mask, one multiply (by 0x104: two copies
+# of each masked nibble, magnitude at bits 6..8 and sign at 15 of its half) and a mask form two BF16s of
+# value x 2^-126 exactly (magnitudes 0 and 1 on BF16's subnormals). Then x 2^126 and x the byte's scale pair;
+# ONE (MXFP4 scales of at most 2^1, moe_swap_tl): the pair is 2^(s-1) and one multiply does both.
+def e2m1_pairs_asm(one: bool) -> str:
+    """The PTX of E2M1_PAIRS_ASM (E2M1_PAIRS_ASM_ONE with one): a shift, then 5 (one) or 6 instructions
+    per byte."""
+    lines = ["{", ".reg .b32 u, t, c;", "mov.b32 c, 0x7E807E80;", "shl.b32 u, $4, 4;"]
+    for i in range(4):
+        lines += [f"prmt.b32 t, u, $4, 0x{4 + i}{4 + i}{i}{i};", "and.b32 t, t, 0x00F000F0;"]
+        lines += ["mul.lo.u32 t, t, 0x104;", "and.b32 t, t, 0x81C081C0;"]
+        lines += [] if one else ["mul.rn.bf16x2 t, t, c;"]
+        lines += [f"mul.rn.bf16x2 ${i}, t, ${5 + i};"]
+    return "\n".join([*lines, "}"])
+
+
+E2M1_PAIRS_ASM = tl.constexpr(e2m1_pairs_asm(False))
+E2M1_PAIRS_ASM_ONE = tl.constexpr(e2m1_pairs_asm(True))
