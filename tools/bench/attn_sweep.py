@@ -45,9 +45,12 @@ def tilings() -> dict[str, Any]:
     """name -> attention.Tiles: the rule's default ("current") and the candidates compared with it."""
     from dsgraph.platform.cuda.kernels.attention import TILES, Tiles
 
+    # h64: each key tile decoded once for all 64 heads (wgmma); 9.6 warp instructions per key x head in
+    # the sm_90 SASS against 22.5 for "current", but 64-head tilings faulted on the H200 at c68f631 (an
+    # illegal memory access, before the PTX key decode), so the sweep's compile subprocess tries it first
     return {
-        "current": TILES, "no_key_ptx": Tiles(key_ptx=False), "w4": Tiles(num_warps=4),
-        "split2": Tiles(split_tiles=2),
+        "current": TILES, "no_key_ptx": Tiles(key_ptx=False), "h64": Tiles(block_h=64),
+        "h16w4": Tiles(block_h=16, num_warps=4), "split2": Tiles(split_tiles=2),
     }  # fmt: skip
 
 

@@ -57,7 +57,10 @@ def _one_setting(model: Any, weights: Any, batches: tuple[int, ...], context: in
     return out
 
 
-def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> dict[str, Any]:
+def measure(
+    cfg: Any, batches: tuple[int, ...], repeats: int, context: int, names: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`names`: the settings to run ("plain" always first; all when empty)."""
     from dsgraph.models.deepseek_v41.dummy_weights import random_serving_weights
     from dsgraph.tools.bench.calibrate import copy_bandwidth_gbps
     from dsgraph.tools.bench.meta import commit, device_name
@@ -67,10 +70,8 @@ def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> d
     copy_gbps = copy_bandwidth_gbps()
     weights = random_serving_weights(cfg, synthetic_token_map(cfg), device="cuda", dspark=False)
     model = make_model(cfg, context + 64)
-    runs = {
-        name: _one_setting(model, weights, batches, context, repeats, how)
-        for name, how in _settings().items()
-    }
+    chosen = {k: v for k, v in _settings().items() if k == "plain" or not names or k in names}
+    runs = {name: _one_setting(model, weights, batches, context, repeats, h) for name, h in chosen.items()}
     rows = []
     for b in batches:
         nbytes = decode_bytes(model, weights, b, context)
@@ -93,8 +94,7 @@ def measure(cfg: Any, batches: tuple[int, ...], repeats: int, context: int) -> d
         "copy_gbps": copy_gbps,
         "model": "bench-8-layer",
         "settings": {
-            k: {"pdl": v[0], "prefetch_row_bytes": v[1], "early_trigger": v[2]}
-            for k, v in _settings().items()
+            k: {"pdl": v[0], "prefetch_row_bytes": v[1], "early_trigger": v[2]} for k, v in chosen.items()
         },
         "decode": rows,
     }
@@ -108,9 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=CONTEXT)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--settings", default="", help=f"comma-separated of {list(_settings())} (default: all)")
     args = p.parse_args(argv)
+    names = tuple(n for n in args.settings.split(",") if n)
+    if unknown := sorted(set(names) - set(_settings())):
+        p.error(f"--settings: {unknown}, expected names of {list(_settings())}")
     batches = tuple(int(b) for b in args.batches.split(","))
-    result = measure(bench_config(), batches, args.repeats, args.context)
+    result = measure(bench_config(), batches, args.repeats, args.context, names)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return 0
