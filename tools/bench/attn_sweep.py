@@ -47,10 +47,13 @@ def tilings() -> dict[str, Any]:
 
     # h64: each key tile decoded once for all 64 heads (wgmma); 9.6 warp instructions per key x head in
     # the sm_90 SASS against 22.5 for "current", but 64-head tilings faulted on the H200 at c68f631 (an
-    # illegal memory access, before the PTX key decode), so the sweep's compile subprocess tries it first
+    # illegal memory access, before the PTX key decode), so the sweep's compile subprocess tries it first;
+    # split1: a program per key tile at small batches (20 per row and head block, the tiles' load chains
+    # in parallel), the decode path only up to 8 rows (its per-split state grows with the splits)
     return {
         "current": TILES, "no_key_ptx": Tiles(key_ptx=False), "h64": Tiles(block_h=64),
         "h16w4": Tiles(block_h=16, num_warps=4), "split2": Tiles(split_tiles=2),
+        "split1": Tiles(split_tiles=1, decode_max_rows=8),
     }  # fmt: skip
 
 
