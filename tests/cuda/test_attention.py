@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -242,6 +243,24 @@ def test_the_cuda_platform_runs_this_rule() -> None:
     from dsgraph.platform.cuda.target import PLATFORM
 
     assert PLATFORM.rules["attention"] is cuda_attention.attention
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend")
+def test_the_pool_tile_loop_stays_within_its_instruction_budget() -> None:
+    """The split kernel's pool-tile loop in sm_90 SASS (attn_sweep --static, no GPU): 2,138 instructions a
+    tile of 32 keys x 32 heads at 002f633, 3,982 before the PTX key decode (3,442 with it pure, when the
+    compiler decoded each tile twice). A change that brings the second decode or the per-key division
+    back fails here before a GPU shows it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import json, sys; from dsgraph.tools.bench import attn_sweep as S; "
+        "r = S.static(['current'])['current']; print(json.dumps(r['split_kernel']['loops'][-1]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    loop = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loop["instructions"] <= 2300, loop
+    assert loop["int_div"] == 0 and loop["spill_loads"] <= 4, loop
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend")
