@@ -36,9 +36,6 @@ from dsgraph.platform.cuda.kernels import (
 
 HOPPER = GPUTarget("cuda", 90, 32)
 HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one block may take on sm_90
-STEP = ("pos_ptr", "seq_ptr", "slot_ptr", "start_ptr", "first_ptr", "table_ptr", "topk_ptr")
-SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "table_width", "topk_width")
-PAGE = 16  # the pool's block size, a constexpr of the attention kernels (EngineConfig.cache.page_size)
 
 
 def _compile(
@@ -114,9 +111,12 @@ def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None)
     """The kernels at the tiles attention.launch picks for each of `tilings` (name -> attention.Tiles;
     default: the rule's TILES; f32 queries take smaller tiles). Register spills are printed, not refused:
     the attention tilings are ranked by attn_sweep's timings."""
-    from dsgraph.platform.cuda.kernels import attention as rule
+    import torch
 
-    dot = {"fp32": 0, "fp16": 1, "bf16": 3}[dtype]  # bf16: the pool's keys decoded by PTX (key_ptx)
+    from dsgraph.platform.cuda.kernels import attention as rule
+    from dsgraph.tools.bench.attn_sweep import PAGE, SIZES, STEP
+
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     block_c = triton.next_power_of_2(head_dim // 2)
     shapes = dict(HEAD_DIM=head_dim, BLOCK_C=block_c)
     inputs = {"q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "ring_ptr": "*u8", "pool_ptr": "*u8"}
@@ -130,8 +130,8 @@ def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None)
         )
         splits = rule.num_splits(128, 512, block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True,
-                    DOT=dot if t.key_ptx else min(dot, 1), BLOCK_H=block_h, DRAFT=0, block_size=PAGE,
-                    **shapes)  # fmt: skip
+                    DOT=rule.attention_dot(torch_dtype, t.key_ptx), BLOCK_H=block_h, DRAFT=0,
+                    block_size=PAGE, **shapes)  # fmt: skip
         print(f"attention tiling {name} ({dtype}): {t}", flush=True)
         for fn, types in (
             (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
@@ -142,8 +142,10 @@ def _attention(head_dim: int, dtype: str, tilings: dict[str, Any] | None = None)
     t = rule.TILES
     block_h, block_n = (16, min(t.block_n, rule.F32_BLOCK_N)) if dtype == "fp32" else (t.block_h, t.block_n)
     splits = rule.num_splits(133, 0, block_n, t.split_tiles)
+    # no pool: the launch passes the ring's length (138 here) as the pool's block size
     draft = dict(NUM_SPLITS=splits, WINDOW=133, BLOCK_N=block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=False,
-                 DOT=dot, BLOCK_H=block_h, DRAFT=5, block_size=138, **shapes)  # fmt: skip
+                 DOT=rule.attention_dot(torch_dtype, True), BLOCK_H=block_h, DRAFT=5,
+                 block_size=138, **shapes)  # fmt: skip
     for fn, types in (
         (attention_tl.split_kernel, {**inputs, **step, **state, **sizes}),
         (attention_tl.fused_kernel, fused),

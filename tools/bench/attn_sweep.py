@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from dsgraph.runtime.engine_config import CacheConfig
 from dsgraph.tools.bench import flashmla_ref, kernels_cmp
 from dsgraph.tools.bench.flashmla_ref import SparseDecodeCase
 from dsgraph.tools.bench.timing import graph_time_ms, time_ms
@@ -184,7 +185,8 @@ def _warm_all(names: list[str], jobs: int, timeout: float) -> dict[str, str]:
 SM90 = ("cuda", 90, 32)
 STEP = ("pos_ptr", "seq_ptr", "slot_ptr", "start_ptr", "first_ptr", "table_ptr", "topk_ptr")
 SIZES = ("num_rows", "num_heads", "ring_len", "num_blocks", "table_width", "topk_width")
-PAGE = 16  # the pool's block size (a constexpr of the kernels): EngineConfig.cache.page_size's default
+# the pool's block size, a constexpr of the kernels: the engine's default page size
+PAGE = CacheConfig().page_size
 
 
 COUNTED = (
@@ -257,8 +259,9 @@ def static(names: list[str]) -> dict[str, Any]:
         t = tilings()[name]
         splits = A.num_splits(128, 512, t.block_n, t.split_tiles)
         meta = dict(NUM_SPLITS=splits, WINDOW=128, HEAD_DIM=512, BLOCK_H=t.block_h, BLOCK_C=256,
-                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True, DOT=3 if t.key_ptx else 1,
-                    DRAFT=0, PDL=False, block_size=PAGE)  # fmt: skip
+                    BLOCK_N=t.block_n, SPLIT_TILES=t.split_tiles, HAS_POOL=True,
+                    DOT=A.attention_dot(torch.bfloat16, t.key_ptx), DRAFT=0, PDL=False,
+                    block_size=PAGE)  # fmt: skip
         options: dict[str, Any] = {"num_warps": t.num_warps}
         if t.num_stages is not None:
             options["num_stages"] = t.num_stages

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from dsgraph.platform.cuda.kernels import pdl_tl
-from dsgraph.platform.cuda.kernels.quant_tl import E2M1_PAIRS_ASM, e8m0_to_f32
+from dsgraph.platform.cuda.kernels.quant_tl import E2M1_PAIRS_ASM, bf16_halves, e8m0_to_f32
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
@@ -84,9 +84,7 @@ def e2m1_bf16_pairs(packed: tl.tensor, scale: tl.tensor) -> tuple[tl.tensor, tl.
     words = tl.inline_asm_elementwise(
         E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, scale], dtype=tl.int32, is_pure=False, pack=4
     )
-    low = (words & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    high = (words >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return low, high
+    return bf16_halves(words)
 
 
 @triton.jit

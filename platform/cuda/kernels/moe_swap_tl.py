@@ -34,6 +34,7 @@ from dsgraph.platform.cuda.kernels import pdl_tl
 from dsgraph.platform.cuda.kernels.quant_tl import (
     E2M1_PAIRS_ASM,
     E2M1_PAIRS_ASM_ONE,
+    bf16_halves,
     fp8_g32_grid,
     round_f32_to,
     swiglu_f32,
@@ -149,8 +150,7 @@ def _dequantize_asm(b, s, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr, ONE: tl.
             E2M1_PAIRS_ASM, "=r,=r,=r,=r,r,r,r,r,r", [b, f], dtype=tl.int32, is_pure=True, pack=4
         )
     # the halves of one register: the compiler hands the register to the dot as it is
-    lo = (pairs & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    hi = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    lo, hi = bf16_halves(pairs)
     return tl.reshape(tl.join(lo, hi), (BLOCK_W, BLOCK_K))
 
 

@@ -176,3 +176,12 @@ def e2m1_pairs_asm(one: bool) -> str:
 
 E2M1_PAIRS_ASM = tl.constexpr(e2m1_pairs_asm(False))
 E2M1_PAIRS_ASM_ONE = tl.constexpr(e2m1_pairs_asm(True))
+
+
+@triton.jit
+def bf16_halves(words: tl.tensor) -> tuple[tl.tensor, tl.tensor]:
+    """E2M1_PAIRS_ASM's int32 words -> (low halves, high halves) as BF16: the low and the high nibble's
+    value of each byte."""
+    low = (words & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    high = (words >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return low, high
